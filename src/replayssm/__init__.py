@@ -1,0 +1,25 @@
+"""replayssm: checkpoint + ring-buffer decoding for state-space-model layers.
+
+Importing the package registers the ``replayssm::*`` ops; it initialises no
+CUDA context and imports no integration (transformers, vLLM): those load on
+first use.
+"""
+
+from . import ops
+from .config import ReplayConfig
+from .state import GDNGeometry, GDNReplayState, Mamba2Geometry, Mamba2ReplayState, ReplayState
+from .traffic import Traffic, decode_traffic
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "ReplayConfig",
+    "ReplayState",
+    "Mamba2Geometry",
+    "Mamba2ReplayState",
+    "GDNGeometry",
+    "GDNReplayState",
+    "Traffic",
+    "decode_traffic",
+    "ops",
+]

@@ -1,0 +1,218 @@
+"""Argument checks shared by every implementation of an op.
+
+Every backend (the PyTorch reference, the Triton kernels) calls the same
+check before it touches any tensor, so a bad call raises a clear error that
+names the argument and leaves the state bit-identical.
+
+Shape, dtype and device checks read only tensor metadata. Checks of values
+that live on the device (row indices, cursors, accepted counts) need a host
+read; they run for CPU tensors always and for CUDA tensors except while a
+CUDA graph is being captured, where a host read is impossible (captured
+steps are expected to have been validated eagerly first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+ACCUM_DTYPES = (torch.float32, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _names(dtypes: Sequence[torch.dtype]) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+class ArgChecker:
+    """Collects the expectations of one op call and raises on the first miss."""
+
+    def __init__(self, op: str, device: torch.device):
+        self.op = op
+        self.device = device
+
+    def fail(self, exc: type[Exception], arg: str, message: str) -> None:
+        raise exc(f"replayssm.{self.op}: argument '{arg}' {message}")
+
+    def tensor(
+        self,
+        arg: str,
+        t: Tensor | None,
+        shape: Sequence[int | None],
+        layout: str,
+        dtypes: Sequence[torch.dtype],
+        optional: bool = False,
+    ) -> None:
+        """Check a tensor's presence, rank, shape (None = any size), dtype and device."""
+        if t is None:
+            if not optional:
+                self.fail(ValueError, arg, "is required, got None")
+            return
+        if not isinstance(t, Tensor):
+            self.fail(TypeError, arg, f"must be a torch.Tensor, got {type(t).__name__}")
+        expected = tuple("*" if s is None else s for s in shape)
+        if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape)):
+            self.fail(ValueError, arg, f"must have shape {layout} = {expected}, got {tuple(t.shape)}")
+        if t.dtype not in dtypes:
+            self.fail(TypeError, arg, f"must have dtype in ({_names(dtypes)}), got {t.dtype}")
+        if t.device != self.device:
+            self.fail(ValueError, arg, f"must be on {self.device} like the other inputs, got {t.device}")
+
+    def condition(self, ok: bool, exc: type[Exception], arg: str, message: str) -> None:
+        if not ok:
+            self.fail(exc, arg, message)
+
+
+def values_checkable(t: Tensor) -> bool:
+    """Whether device values may be read on the host now (see the module docstring)."""
+    if t.device.type == "cpu" or t.device.type == "meta":
+        return t.device.type == "cpu"
+    if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    return True
+
+
+def check_rows_and_cursors(
+    ck: ArgChecker, rows: Tensor, cursor: Tensor, pending: Tensor, slots: int, window: int, num_tokens: int | None
+) -> None:
+    """Rows must be distinct slots; their cursors must be consistent with the ring."""
+    if not values_checkable(rows):
+        return
+    rows_host = rows.detach().cpu().long()
+    if rows_host.numel() and (int(rows_host.min()) < 0 or int(rows_host.max()) >= slots):
+        ck.fail(IndexError, "rows", f"must index slots in [0, {slots}), got {rows_host.tolist()}")
+    if rows_host.unique().numel() != rows_host.numel():
+        ck.fail(ValueError, "rows", f"must not repeat a slot, got {rows_host.tolist()}")
+    c = cursor.detach().cpu().long()[rows_host]
+    p = pending.detach().cpu().long()[rows_host]
+    if bool(((c < 0) | (c > window) | (p < 0) | (c + p > window)).any()):
+        ck.fail(
+            RuntimeError,
+            "cursor",
+            f"is corrupt for rows {rows_host.tolist()}: cursor {c.tolist()}, pending {p.tolist()}, window {window}",
+        )
+    del num_tokens  # T <= window is a shape check, done by the caller
+
+
+def check_mamba2_step(
+    x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows
+) -> None:
+    ck = ArgChecker("mamba2_step", x.device if isinstance(x, Tensor) else torch.device("cpu"))
+    ck.tensor("x", x, (None, None, None, None), "(batch, T, heads, head_dim)", FLOAT_DTYPES)
+    batch, num_tokens, heads, head_dim = x.shape
+    ck.condition(num_tokens >= 1, ValueError, "x", f"must carry at least one token (T >= 1), got T = {num_tokens}")
+    ck.tensor("B", B, (batch, num_tokens, None, None), "(batch, T, groups, state_size)", FLOAT_DTYPES)
+    groups, state_size = B.shape[2], B.shape[3]
+    ck.condition(groups >= 1 and heads % groups == 0, ValueError, "B", f"groups ({groups}) must divide heads ({heads})")
+    ck.tensor("dt", dt, (batch, num_tokens, heads), "(batch, T, heads)", FLOAT_DTYPES)
+    ck.tensor("A", A, (heads,), "(heads,)", FLOAT_DTYPES)
+    ck.tensor("C", C, (batch, num_tokens, groups, state_size), "(batch, T, groups, state_size)", FLOAT_DTYPES)
+    ck.tensor("D", D, (heads,), "(heads,)", FLOAT_DTYPES, optional=True)
+    ck.tensor("dt_bias", dt_bias, (heads,), "(heads,)", FLOAT_DTYPES, optional=True)
+    ck.tensor("z", z, (batch, num_tokens, heads, head_dim), "(batch, T, heads, head_dim)", FLOAT_DTYPES, optional=True)
+    ck.tensor("checkpoint", checkpoint, (None, heads, head_dim, state_size), "(slots, heads, head_dim, state_size)", STATE_DTYPES)
+    slots = checkpoint.shape[0]
+    ck.tensor("ring_x", ring_x, (slots, None, heads, head_dim), "(slots, window, heads, head_dim)", FLOAT_DTYPES)
+    window = ring_x.shape[1]
+    ck.tensor("ring_B", ring_B, (slots, window, groups, state_size), "(slots, window, groups, state_size)", FLOAT_DTYPES)
+    ck.tensor("ring_dt", ring_dt, (slots, window, heads), "(slots, window, heads)", ACCUM_DTYPES)
+    ck.tensor("ring_logdecay", ring_logdecay, (slots, window, heads), "(slots, window, heads)", ACCUM_DTYPES)
+    _check_cursor_rows(ck, "x", cursor, pending, rows, slots, batch, window, num_tokens)
+
+
+def check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale) -> None:
+    ck = ArgChecker("gdn_step", v.device if isinstance(v, Tensor) else torch.device("cpu"))
+    ck.tensor("v", v, (None, None, None, None), "(batch, T, value_heads, value_dim)", FLOAT_DTYPES)
+    batch, num_tokens, value_heads, value_dim = v.shape
+    ck.condition(num_tokens >= 1, ValueError, "v", f"must carry at least one token (T >= 1), got T = {num_tokens}")
+    ck.tensor("k", k, (batch, num_tokens, None, None), "(batch, T, key_heads, key_dim)", FLOAT_DTYPES)
+    key_heads, key_dim = k.shape[2], k.shape[3]
+    ck.condition(
+        key_heads >= 1 and value_heads % key_heads == 0,
+        ValueError,
+        "k",
+        f"key_heads ({key_heads}) must divide value_heads ({value_heads})",
+    )
+    ck.tensor("q", q, (batch, num_tokens, key_heads, key_dim), "(batch, T, key_heads, key_dim)", FLOAT_DTYPES)
+    ck.tensor("g", g, (batch, num_tokens, value_heads), "(batch, T, value_heads)", FLOAT_DTYPES)
+    ck.tensor("beta", beta, (batch, num_tokens, value_heads), "(batch, T, value_heads)", FLOAT_DTYPES)
+    ck.condition(scale is None or scale > 0, ValueError, "scale", f"must be None or positive, got {scale}")
+    ck.tensor("checkpoint", checkpoint, (None, value_heads, value_dim, key_dim), "(slots, value_heads, value_dim, key_dim)", STATE_DTYPES)
+    slots = checkpoint.shape[0]
+    ck.tensor("ring_k", ring_k, (slots, None, key_heads, key_dim), "(slots, window, key_heads, key_dim)", FLOAT_DTYPES)
+    window = ring_k.shape[1]
+    ck.tensor("ring_d", ring_d, (slots, window, value_heads, value_dim), "(slots, window, value_heads, value_dim)", ACCUM_DTYPES)
+    ck.tensor("ring_g", ring_g, (slots, window, value_heads), "(slots, window, value_heads)", ACCUM_DTYPES)
+    _check_cursor_rows(ck, "v", cursor, pending, rows, slots, batch, window, num_tokens)
+
+
+def _check_cursor_rows(ck, token_arg, cursor, pending, rows, slots, batch, window, num_tokens) -> None:
+    ck.condition(window >= 1, ValueError, "ring", f"window must be >= 1, got {window}")
+    ck.condition(
+        num_tokens <= window,
+        ValueError,
+        token_arg,
+        f"carries T = {num_tokens} tokens per row, more than the ring window {window} allows; use a longer window",
+    )
+    ck.tensor("cursor", cursor, (slots,), "(slots,)", (torch.int32,))
+    ck.tensor("pending", pending, (slots,), "(slots,)", (torch.int32,))
+    ck.tensor("rows", rows, (batch,), "(batch,)", INDEX_DTYPES)
+    check_rows_and_cursors(ck, rows, cursor, pending, slots, window, num_tokens)
+
+
+def check_commit(cursor, pending, rows, accepted) -> None:
+    ck = ArgChecker("commit", cursor.device if isinstance(cursor, Tensor) else torch.device("cpu"))
+    ck.tensor("cursor", cursor, (None,), "(slots,)", (torch.int32,))
+    slots = cursor.shape[0]
+    ck.tensor("pending", pending, (slots,), "(slots,)", (torch.int32,))
+    ck.tensor("rows", rows, (None,), "(batch,)", INDEX_DTYPES)
+    ck.tensor("accepted", accepted, (rows.shape[0],), "(batch,)", INDEX_DTYPES)
+    if not values_checkable(accepted):
+        return
+    rows_host = rows.detach().cpu().long()
+    if rows_host.numel() and (int(rows_host.min()) < 0 or int(rows_host.max()) >= slots):
+        ck.fail(IndexError, "rows", f"must index slots in [0, {slots}), got {rows_host.tolist()}")
+    if rows_host.unique().numel() != rows_host.numel():
+        ck.fail(ValueError, "rows", f"must not repeat a slot, got {rows_host.tolist()}")
+    acc = accepted.detach().cpu().long()
+    p = pending.detach().cpu().long()[rows_host]
+    bad = (acc < 0) | (acc > p)
+    if bool(bad.any()):
+        ck.fail(
+            ValueError,
+            "accepted",
+            f"must be in [0, pending tokens of the row]; got accepted {acc.tolist()} for pending {p.tolist()}",
+        )
+
+
+def check_materialize(op: str, checkpoint, rings: dict, cursor, rows) -> None:
+    ck = ArgChecker(op, checkpoint.device if isinstance(checkpoint, Tensor) else torch.device("cpu"))
+    ck.tensor("checkpoint", checkpoint, (None, None, None, None), "(slots, heads, dim, key_dim)", STATE_DTYPES)
+    slots = checkpoint.shape[0]
+    window = None
+    for name, t in rings.items():
+        ck.tensor(name, t, (slots, window) + (None,) * (t.dim() - 2 if isinstance(t, Tensor) else 0), "(slots, window, ...)", FLOAT_DTYPES)
+        window = t.shape[1]
+    ck.tensor("cursor", cursor, (slots,), "(slots,)", (torch.int32,))
+    ck.tensor("rows", rows, (None,), "(n,)", INDEX_DTYPES)
+    check_rows_and_cursors(ck, rows, cursor, torch.zeros_like(cursor), slots, window, None)
+
+
+def check_conventional(op: str, ck_inputs: dict, state: Tensor, state_layout: str, state_shape: tuple, rows: Tensor) -> None:
+    ck = ArgChecker(op, state.device if isinstance(state, Tensor) else torch.device("cpu"))
+    for name, (t, shape, layout, optional) in ck_inputs.items():
+        ck.tensor(name, t, shape, layout, FLOAT_DTYPES, optional=optional)
+    ck.tensor("state", state, (None,) + tuple(state_shape), state_layout, STATE_DTYPES)
+    batch = next(iter(ck_inputs.values()))[0].shape[0]
+    ck.tensor("rows", rows, (batch,), "(batch,)", INDEX_DTYPES)
+    if values_checkable(rows):
+        rows_host = rows.detach().cpu().long()
+        slots = state.shape[0]
+        if rows_host.numel() and (int(rows_host.min()) < 0 or int(rows_host.max()) >= slots):
+            ck.fail(IndexError, "rows", f"must index slots in [0, {slots}), got {rows_host.tolist()}")
+        if rows_host.unique().numel() != rows_host.numel():
+            ck.fail(ValueError, "rows", f"must not repeat a slot, got {rows_host.tolist()}")

@@ -1,0 +1,413 @@
+"""Pure-PyTorch implementations of every replayssm op.
+
+These are the CPU kernels and the reference every Triton kernel is tested
+against: each function here has exactly the signature of the op it
+implements (see ``replayssm.ops`` and docs/ops.md). They favour clarity over
+speed, but stay vectorised over rows and heads so the CPU path is usable.
+
+Conventions (SPEC §1-3):
+
+* Mamba-2 state per head is ``(head_dim P, state_size N)``; GDN state per
+  value head is ``(value_dim V, key_dim K)``. In both the key-like dimension
+  (N or K) is the contiguous one.
+* Head ``h`` of Mamba-2 uses group ``h // (heads // groups)``; value head
+  ``h`` of GDN uses key head ``h // (value_heads // key_heads)``.
+* Arithmetic runs in fp32 (fp64 when the inputs are fp64). Decay products are
+  formed from direct sums of log-decays over each segment, never from
+  differences of cumulative sums, so they do not lose digits to cancellation.
+
+The replay step for T tokens of one row with committed cursor ``c``:
+
+1. if ``c + T > window``, fold the ``c`` committed ring entries into the
+   checkpoint (the only checkpoint write), and ``c = 0``;
+2. compute the T outputs from the checkpoint, the ``c`` ring entries and the
+   causal terms among the T tokens;
+3. write the T entries at ring positions ``c .. c+T-1``; with ``commit`` they
+   are committed at once (``cursor = c + T``), otherwise they are pending
+   until ``commit``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# ---------------------------------------------------------------------------
+# shared helpers
+# ---------------------------------------------------------------------------
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _segment_sums(log_decay: Tensor, query_positions: Tensor) -> tuple[Tensor, Tensor]:
+    """Sums of log-decays over segments ending at each query position.
+
+    Args:
+        log_decay: ``(batch, E, heads)`` log-decays of a sequence of E entries.
+        query_positions: ``(Q,)`` entry indices at which states are wanted.
+
+    Returns:
+        ``prefix (batch, Q, heads)``: sum of ``log_decay[0..m]`` (decay of the
+        checkpoint up to and including entry m), and
+        ``segment (batch, Q, E, heads)``: sum of ``log_decay[i+1..m]`` for
+        ``i <= m`` (decay applied to entry i's update), ``-inf`` for ``i > m``
+        so that ``exp`` gives exactly zero for non-causal terms.
+    """
+    num_entries = log_decay.shape[1]
+    j = torch.arange(num_entries, device=log_decay.device)
+    m = query_positions.to(log_decay.device)
+    prefix_mask = (j[None, :] <= m[:, None]).to(log_decay.dtype)  # (Q, E)
+    prefix = torch.einsum("qj,bjh->bqh", prefix_mask, log_decay)
+    # segment_mask[q, i, j] = i < j <= m_q
+    segment_mask = ((j[None, :, None] < j[None, None, :]) & (j[None, None, :] <= m[:, None, None])).to(log_decay.dtype)
+    segment = torch.einsum("qij,bjh->bqih", segment_mask, log_decay)
+    causal = j[None, :] <= m[:, None]  # (Q, E)
+    segment = segment.masked_fill(~causal[None, :, :, None], float("-inf"))
+    return prefix, segment
+
+
+def _fold_weights(log_decay: Tensor) -> tuple[Tensor, Tensor]:
+    """Decay of the checkpoint and of each entry's update at the end of a sequence."""
+    num_entries = log_decay.shape[1]
+    prefix, segment = _segment_sums(log_decay, torch.tensor([num_entries - 1]))
+    return prefix[:, 0], segment[:, 0]  # (batch, heads), (batch, E, heads)
+
+
+def _ring_valid(cursor: Tensor, window: int) -> Tensor:
+    """``(batch, window)`` mask of ring slots holding committed entries."""
+    return torch.arange(window, device=cursor.device)[None, :] < cursor[:, None]
+
+
+def _scatter_ring(ring: Tensor, rows: Tensor, start: Tensor, values: Tensor) -> None:
+    """``ring[rows[b], start[b] + t] = values[b, t]`` for every row b and token t."""
+    num_tokens = values.shape[1]
+    positions = start[:, None] + torch.arange(num_tokens, device=start.device)[None, :]
+    ring[rows[:, None], positions] = values.to(ring.dtype)
+
+
+def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    # Same formula as the Hugging Face and fla GDN paths.
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+# ---------------------------------------------------------------------------
+# Mamba-2
+# ---------------------------------------------------------------------------
+
+
+def _mamba2_dt(dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool, dtype: torch.dtype) -> Tensor:
+    dt = dt.to(dtype)
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dtype)
+    return F.softplus(dt) if dt_softplus else dt
+
+
+def _mamba2_fold(state: Tensor, ring_x: Tensor, ring_B: Tensor, ring_dt: Tensor, ring_logdecay: Tensor, valid: Tensor) -> Tensor:
+    """State after the valid ring entries: ``exp(G) S + sum_i exp(G_i) dt_i x_i B_i^T``."""
+    heads, groups = state.shape[1], ring_B.shape[2]
+    log_decay = ring_logdecay * valid[..., None]
+    dt = ring_dt * valid[..., None]
+    decay, weights = _fold_weights(log_decay)
+    B_heads = ring_B.repeat_interleave(heads // groups, dim=2)  # (batch, E, heads, N)
+    update = torch.einsum("beh,behp,behn->bhpn", weights.exp() * dt, ring_x, B_heads)
+    return decay.exp()[:, :, None, None] * state + update
+
+
+def mamba2_step(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None,
+    dt_bias: Tensor | None,
+    z: Tensor | None,
+    checkpoint: Tensor,
+    ring_x: Tensor,
+    ring_B: Tensor,
+    ring_dt: Tensor,
+    ring_logdecay: Tensor,
+    cursor: Tensor,
+    pending: Tensor,
+    rows: Tensor,
+    commit: bool,
+    dt_softplus: bool,
+) -> Tensor:
+    """Reference replay step for Mamba-2; see ``replayssm.ops.mamba2_step``."""
+    batch, num_tokens, heads, head_dim = x.shape
+    groups = B.shape[2]
+    window = ring_x.shape[1]
+    cd = _compute_dtype(x, checkpoint)
+    rows = rows.long()
+    c = cursor[rows].long()
+
+    dt_t = _mamba2_dt(dt, dt_bias, dt_softplus, cd)  # (batch, T, heads)
+    log_decay_t = dt_t * A.to(cd)
+    ring_x_r, ring_B_r = ring_x[rows].to(cd), ring_B[rows].to(cd)
+    ring_dt_r, ring_ld_r = ring_dt[rows].to(cd), ring_logdecay[rows].to(cd)
+    state = checkpoint[rows].to(cd)
+
+    # 1. rows whose ring cannot take T more entries fold their committed part.
+    flush = c + num_tokens > window
+    if bool(flush.any()):
+        folded = _mamba2_fold(state, ring_x_r, ring_B_r, ring_dt_r, ring_ld_r, _ring_valid(c, window))
+        stored = folded.to(checkpoint.dtype)
+        checkpoint[rows[flush]] = stored[flush]
+        # Outputs are computed from the checkpoint as stored (rounded to its dtype).
+        state = torch.where(flush[:, None, None, None], stored.to(cd), state)
+        c = torch.where(flush, torch.zeros_like(c), c)
+
+    # 2. outputs: the sequence is the committed ring entries followed by the T new tokens.
+    valid = _ring_valid(c, window).to(cd)
+    log_decay = torch.cat([ring_ld_r * valid[..., None], log_decay_t], dim=1)  # (batch, L+T, heads)
+    seq_dt = torch.cat([ring_dt_r * valid[..., None], dt_t], dim=1)
+    seq_x = torch.cat([ring_x_r, x.to(cd)], dim=1)
+    seq_B = torch.cat([ring_B_r, B.to(cd)], dim=1)
+    queries = window + torch.arange(num_tokens)
+    prefix, segment = _segment_sums(log_decay, queries)  # (batch, T, heads), (batch, T, L+T, heads)
+
+    C_cd = C.to(cd)
+    C_heads = C_cd.repeat_interleave(heads // groups, dim=2)  # (batch, T, heads, N)
+    from_checkpoint = torch.einsum("bhpn,bthn->bthp", state, C_heads) * prefix.exp()[..., None]
+    BC = torch.einsum("bign,btgn->btig", seq_B, C_cd).repeat_interleave(heads // groups, dim=3)  # (batch, T, L+T, heads)
+    weights = segment.exp() * seq_dt[:, None] * BC
+    from_ring = torch.einsum("btih,bihp->bthp", weights, seq_x)
+    y = from_checkpoint + from_ring
+    if D is not None:
+        y = y + D.to(cd)[:, None] * x.to(cd)
+    if z is not None:
+        y = y * F.silu(z.to(cd))
+
+    # 3. append the T entries past the committed cursor.
+    _scatter_ring(ring_x, rows, c, x)
+    _scatter_ring(ring_B, rows, c, B)
+    _scatter_ring(ring_dt, rows, c, dt_t)
+    _scatter_ring(ring_logdecay, rows, c, log_decay_t)
+    if commit:
+        cursor[rows] = (c + num_tokens).to(cursor.dtype)
+        pending[rows] = 0
+    else:
+        cursor[rows] = c.to(cursor.dtype)
+        pending[rows] = num_tokens
+    return y.to(x.dtype)
+
+
+def mamba2_materialize(
+    checkpoint: Tensor,
+    ring_x: Tensor,
+    ring_B: Tensor,
+    ring_dt: Tensor,
+    ring_logdecay: Tensor,
+    cursor: Tensor,
+    rows: Tensor,
+) -> Tensor:
+    """Exact current state of ``rows`` (committed entries only), ``(n, heads, head_dim, state_size)``."""
+    cd = _compute_dtype(checkpoint)
+    rows = rows.long()
+    valid = _ring_valid(cursor[rows].long(), ring_x.shape[1])
+    return _mamba2_fold(
+        checkpoint[rows].to(cd),
+        ring_x[rows].to(cd),
+        ring_B[rows].to(cd),
+        ring_dt[rows].to(cd),
+        ring_logdecay[rows].to(cd),
+        valid.to(cd),
+    )
+
+
+def mamba2_conventional_step(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None,
+    dt_bias: Tensor | None,
+    z: Tensor | None,
+    state: Tensor,
+    rows: Tensor,
+    dt_softplus: bool,
+) -> Tensor:
+    """Conventional Mamba-2 decoding: read, update and write the state every token."""
+    heads, groups = x.shape[2], B.shape[2]
+    cd = _compute_dtype(x, state)
+    rows = rows.long()
+    s = state[rows].to(cd)
+    dt_t = _mamba2_dt(dt, dt_bias, dt_softplus, cd)
+    decay = (dt_t * A.to(cd)).exp()
+    B_heads = B.to(cd).repeat_interleave(heads // groups, dim=2)
+    C_heads = C.to(cd).repeat_interleave(heads // groups, dim=2)
+    outputs = []
+    for t in range(x.shape[1]):
+        s = decay[:, t, :, None, None] * s + torch.einsum(
+            "bh,bhp,bhn->bhpn", dt_t[:, t], x[:, t].to(cd), B_heads[:, t]
+        )
+        s = s.to(state.dtype).to(cd)  # the state is stored after every token
+        outputs.append(torch.einsum("bhpn,bhn->bhp", s, C_heads[:, t]))
+    y = torch.stack(outputs, dim=1)
+    if D is not None:
+        y = y + D.to(cd)[:, None] * x.to(cd)
+    if z is not None:
+        y = y * F.silu(z.to(cd))
+    state[rows] = s.to(state.dtype)
+    return y.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------
+# Gated DeltaNet
+# ---------------------------------------------------------------------------
+
+
+def _gdn_fold(state: Tensor, ring_k: Tensor, ring_d: Tensor, ring_g: Tensor, valid: Tensor) -> Tensor:
+    """State after the valid ring entries: ``exp(G) S + sum_i exp(G_i) d_i k_i^T``."""
+    value_heads, key_heads = state.shape[1], ring_k.shape[2]
+    decay, weights = _fold_weights(ring_g * valid[..., None])
+    k_heads = ring_k.repeat_interleave(value_heads // key_heads, dim=2)  # (batch, E, value_heads, K)
+    update = torch.einsum("beh,behv,behk->bhvk", weights.exp() * valid[..., None], ring_d, k_heads)
+    return decay.exp()[:, :, None, None] * state + update
+
+
+def _gdn_prepare_qk(q: Tensor, k: Tensor, use_qk_l2norm: bool, scale: float | None, cd: torch.dtype) -> tuple[Tensor, Tensor]:
+    q, k = q.to(cd), k.to(cd)
+    if use_qk_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return q * scale, k
+
+
+def gdn_step(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    checkpoint: Tensor,
+    ring_k: Tensor,
+    ring_d: Tensor,
+    ring_g: Tensor,
+    cursor: Tensor,
+    pending: Tensor,
+    rows: Tensor,
+    commit: bool,
+    use_qk_l2norm: bool,
+    scale: float | None,
+) -> Tensor:
+    """Reference replay step for Gated DeltaNet; see ``replayssm.ops.gdn_step``."""
+    batch, num_tokens, key_heads, key_dim = k.shape
+    value_heads = v.shape[2]
+    window = ring_k.shape[1]
+    share = value_heads // key_heads
+    cd = _compute_dtype(v, checkpoint)
+    rows = rows.long()
+    c = cursor[rows].long()
+
+    q_t, k_t = _gdn_prepare_qk(q, k, use_qk_l2norm, scale, cd)
+    g_t, beta_t, v_t = g.to(cd), beta.to(cd), v.to(cd)
+    ring_k_r, ring_d_r, ring_g_r = ring_k[rows].to(cd), ring_d[rows].to(cd), ring_g[rows].to(cd)
+    state = checkpoint[rows].to(cd)
+
+    # 1. rows whose ring cannot take T more entries fold their committed part.
+    flush = c + num_tokens > window
+    if bool(flush.any()):
+        folded = _gdn_fold(state, ring_k_r, ring_d_r, ring_g_r, _ring_valid(c, window).to(cd))
+        stored = folded.to(checkpoint.dtype)
+        checkpoint[rows[flush]] = stored[flush]
+        state = torch.where(flush[:, None, None, None], stored.to(cd), state)
+        c = torch.where(flush, torch.zeros_like(c), c)
+
+    # 2. outputs. Sequence = committed ring entries, then the T new tokens whose
+    #    corrected updates d_t are solved for in order (unit lower-triangular).
+    valid = _ring_valid(c, window).to(cd)
+    log_decay = torch.cat([ring_g_r * valid[..., None], g_t], dim=1)  # (batch, L+T, HV)
+    seq_k = torch.cat([ring_k_r, k_t], dim=1).repeat_interleave(share, dim=2)  # (batch, L+T, HV, K)
+    q_heads = q_t.repeat_interleave(share, dim=2)  # (batch, T, HV, K)
+    k_heads = k_t.repeat_interleave(share, dim=2)
+    prefix, segment = _segment_sums(log_decay, window + torch.arange(num_tokens))
+    decay_seq = segment.exp()  # (batch, T, L+T, HV), zero for non-causal entries
+
+    # One read of the checkpoint serves S k and S q.
+    S_k = torch.einsum("bhvk,bthk->bthv", state, k_heads) * prefix.exp()[..., None]
+    S_q = torch.einsum("bhvk,bthk->bthv", state, q_heads) * prefix.exp()[..., None]
+    kk = torch.einsum("bihk,bthk->btih", seq_k, k_heads)  # k_i . k_t
+    kq = torch.einsum("bihk,bthk->btih", seq_k, q_heads)  # k_i . q_t
+
+    seq_d = torch.cat([ring_d_r * valid[..., None, None], torch.zeros_like(v_t)], dim=1)  # (batch, L+T, HV, V)
+    for t in range(num_tokens):
+        before = window + t  # entries strictly before token t
+        w = decay_seq[:, t, :before] * kk[:, t, :before]  # (batch, before, HV)
+        alpha_r = S_k[:, t] + torch.einsum("bih,bihv->bhv", w, seq_d[:, :before])  # alpha_t * S_{t-1} k_t
+        seq_d[:, before] = beta_t[:, t, :, None] * (v_t[:, t] - alpha_r)
+    o = S_q + torch.einsum("btih,bihv->bthv", decay_seq * kq, seq_d)
+    d_t = seq_d[:, window:]
+
+    # 3. append the T entries past the committed cursor.
+    _scatter_ring(ring_k, rows, c, k_t)
+    _scatter_ring(ring_d, rows, c, d_t)
+    _scatter_ring(ring_g, rows, c, g_t)
+    if commit:
+        cursor[rows] = (c + num_tokens).to(cursor.dtype)
+        pending[rows] = 0
+    else:
+        cursor[rows] = c.to(cursor.dtype)
+        pending[rows] = num_tokens
+    return o.to(v.dtype)
+
+
+def gdn_materialize(
+    checkpoint: Tensor,
+    ring_k: Tensor,
+    ring_d: Tensor,
+    ring_g: Tensor,
+    cursor: Tensor,
+    rows: Tensor,
+) -> Tensor:
+    """Exact current state of ``rows`` (committed entries only), ``(n, value_heads, value_dim, key_dim)``."""
+    cd = _compute_dtype(checkpoint)
+    rows = rows.long()
+    valid = _ring_valid(cursor[rows].long(), ring_k.shape[1])
+    return _gdn_fold(checkpoint[rows].to(cd), ring_k[rows].to(cd), ring_d[rows].to(cd), ring_g[rows].to(cd), valid.to(cd))
+
+
+def gdn_conventional_step(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    rows: Tensor,
+    use_qk_l2norm: bool,
+    scale: float | None,
+) -> Tensor:
+    """Conventional GDN decoding: read, update and write the state every token."""
+    share = v.shape[2] // k.shape[2]
+    cd = _compute_dtype(v, state)
+    rows = rows.long()
+    s = state[rows].to(cd)  # (batch, HV, V, K)
+    q_t, k_t = _gdn_prepare_qk(q, k, use_qk_l2norm, scale, cd)
+    q_t, k_t = q_t.repeat_interleave(share, dim=2), k_t.repeat_interleave(share, dim=2)
+    outputs = []
+    for t in range(v.shape[1]):
+        s = g[:, t].to(cd).exp()[:, :, None, None] * s
+        r = torch.einsum("bhvk,bhk->bhv", s, k_t[:, t])
+        d = beta[:, t].to(cd)[:, :, None] * (v[:, t].to(cd) - r)
+        s = s + torch.einsum("bhv,bhk->bhvk", d, k_t[:, t])
+        s = s.to(state.dtype).to(cd)  # the state is stored after every token
+        outputs.append(torch.einsum("bhvk,bhk->bhv", s, q_t[:, t]))
+    state[rows] = s.to(state.dtype)
+    return torch.stack(outputs, dim=1).to(v.dtype)
+
+
+# ---------------------------------------------------------------------------
+# commit (family-agnostic: a cursor move)
+# ---------------------------------------------------------------------------
+
+
+def commit(cursor: Tensor, pending: Tensor, rows: Tensor, accepted: Tensor) -> None:
+    """Make the first ``accepted[b]`` pending entries of ``rows[b]`` part of its state."""
+    rows = rows.long()
+    cursor[rows] = cursor[rows] + accepted.to(cursor.dtype)
+    pending[rows] = 0

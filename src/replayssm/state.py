@@ -1,0 +1,327 @@
+"""ReplayState: one layer's recurrent state as checkpoint + ring + cursors.
+
+A state holds ``slots`` independent rows (requests). Each row has
+
+* a **checkpoint**: the exact state after the row's last flush;
+* a **ring** of ``window`` entries: what the tokens since then added
+  (Mamba-2: x, B, dt, dt*A; GDN: normalised k, corrected update d, log-decay g);
+* a **cursor**: how many ring entries are committed, and **pending**: how
+  many entries past the cursor a verification wrote but nobody committed yet.
+
+The current state of a row is ``materialize(rows)``. Steps go through the
+``replayssm::*_step`` ops; see ``replayssm.ops`` and docs/ops.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from . import ops
+from .config import ReplayConfig
+
+
+@dataclass(frozen=True)
+class Mamba2Geometry:
+    """Shape of one Mamba-2 layer's state: ``heads x head_dim x state_size``; B/C shared by ``groups``."""
+
+    heads: int
+    head_dim: int
+    state_size: int
+    groups: int
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "head_dim", "state_size", "groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Mamba2Geometry.{name} must be a positive int, got {value!r}")
+        if self.heads % self.groups:
+            raise ValueError(f"Mamba2Geometry.groups ({self.groups}) must divide heads ({self.heads})")
+
+
+@dataclass(frozen=True)
+class GDNGeometry:
+    """Shape of one Gated DeltaNet layer's state: ``value_heads x value_dim x key_dim``; keys shared by ``key_heads``."""
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+
+    def __post_init__(self) -> None:
+        for name in ("key_heads", "value_heads", "key_dim", "value_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GDNGeometry.{name} must be a positive int, got {value!r}")
+        if self.value_heads % self.key_heads:
+            raise ValueError(f"GDNGeometry.key_heads ({self.key_heads}) must divide value_heads ({self.value_heads})")
+
+
+class ReplayState:
+    """Base class: the tensors and row operations both families share.
+
+    Subclasses name their ring tensors in ``_ring_names`` and implement
+    ``step`` and ``materialize``.
+    """
+
+    _ring_names: tuple[str, ...] = ()
+
+    def __init__(self, slots: int, config: ReplayConfig | None, device: torch.device | str | None):
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"{type(self).__name__}: slots must be a positive int, got {slots!r}")
+        self.config = config if config is not None else ReplayConfig()
+        if not isinstance(self.config, ReplayConfig):
+            raise TypeError(f"{type(self).__name__}: config must be a ReplayConfig, got {type(config).__name__}")
+        self.slots = slots
+        self.window = self.config.window
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.cursor = torch.zeros(slots, dtype=torch.int32, device=self.device)
+        self.pending = torch.zeros(slots, dtype=torch.int32, device=self.device)
+
+    # -- the tensors -----------------------------------------------------------
+
+    def _tensor_names(self) -> tuple[str, ...]:
+        return ("checkpoint",) + self._ring_names + ("cursor", "pending")
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor of the state by name (checkpoint, ring, cursor, pending)."""
+        return {name: getattr(self, name) for name in self._tensor_names()}
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held by the state (checkpoint, ring and cursors)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    @property
+    def state_nbytes_per_row(self) -> int:
+        """Bytes of one row's checkpoint: what a conventional decoder keeps per request."""
+        return self.checkpoint[0].numel() * self.checkpoint.element_size()
+
+    # -- row selection ---------------------------------------------------------
+
+    def _rows(self, rows: Tensor | list[int] | range | None, arg: str = "rows") -> Tensor:
+        """Normalise a row selection to an int64 tensor on the state's device and check it."""
+        if rows is None:
+            return torch.arange(self.slots, device=self.device)
+        if not isinstance(rows, Tensor):
+            rows = torch.tensor(list(rows), dtype=torch.int64)
+        if rows.dim() != 1 or rows.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{type(self).__name__}: {arg} must be a 1-D integer tensor or list, got shape {tuple(rows.shape)} {rows.dtype}")
+        rows = rows.to(device=self.device, dtype=torch.int64)
+        if rows.device.type == "cpu" or not torch.cuda.is_current_stream_capturing():
+            host = rows.cpu()
+            if host.numel() and (int(host.min()) < 0 or int(host.max()) >= self.slots):
+                raise IndexError(f"{type(self).__name__}: {arg} must index slots in [0, {self.slots}), got {host.tolist()}")
+        return rows
+
+    def _check_distinct(self, rows: Tensor, arg: str = "rows") -> None:
+        host = rows.cpu()
+        if host.unique().numel() != host.numel():
+            raise ValueError(f"{type(self).__name__}: {arg} must not repeat a slot, got {host.tolist()}")
+
+    # -- row operations ----------------------------------------------------------
+
+    def reset(self, rows: Tensor | list[int] | None = None) -> None:
+        """Start ``rows`` afresh: zero checkpoint, empty ring (a new request in that slot)."""
+        rows = self._rows(rows)
+        self.checkpoint[rows] = 0
+        self.cursor[rows] = 0
+        self.pending[rows] = 0
+
+    def load(self, rows: Tensor | list[int] | None, state: Tensor) -> None:
+        """Make ``state`` (e.g. what a prefill produced) the checkpoint of ``rows``; empties their rings.
+
+        ``state`` has the layout of ``checkpoint`` with ``len(rows)`` rows; it
+        is rounded to the checkpoint dtype.
+        """
+        rows = self._rows(rows)
+        self._check_distinct(rows)
+        expected = (rows.shape[0],) + tuple(self.checkpoint.shape[1:])
+        if not isinstance(state, Tensor) or tuple(state.shape) != expected:
+            got = tuple(state.shape) if isinstance(state, Tensor) else type(state).__name__
+            raise ValueError(f"{type(self).__name__}.load: state must have shape {expected}, got {got}")
+        if not state.is_floating_point():
+            raise TypeError(f"{type(self).__name__}.load: state must be a floating tensor, got {state.dtype}")
+        self.checkpoint[rows] = state.to(device=self.device, dtype=self.checkpoint.dtype)
+        self.cursor[rows] = 0
+        self.pending[rows] = 0
+
+    def commit(self, accepted: Tensor | list[int], rows: Tensor | list[int] | None = None) -> None:
+        """Accept the first ``accepted[i]`` entries of ``rows[i]``'s last verification; roll back the rest."""
+        rows = self._rows(rows)
+        if not isinstance(accepted, Tensor):
+            accepted = torch.tensor(list(accepted), dtype=torch.int64)
+        ops.commit(self.cursor, self.pending, rows, accepted.to(self.device))
+
+    def reorder(self, index: Tensor | list[int]) -> None:
+        """In place: row i becomes a copy of old row ``index[i]`` (beam search; repeats allowed).
+
+        ``index`` has one entry per slot. Tensors keep their storage, so
+        buffers captured in a CUDA graph stay valid.
+        """
+        index = self._rows(index, arg="index")
+        if index.shape[0] != self.slots:
+            raise ValueError(f"{type(self).__name__}.reorder: index must have one entry per slot ({self.slots}), got {index.shape[0]}")
+        for t in self.tensors().values():
+            t.copy_(t.index_select(0, index))
+
+    def select(self, rows: Tensor | list[int]) -> "ReplayState":
+        """A new state holding copies of ``rows`` (in that order; repeats allowed): batch changes."""
+        rows = self._rows(rows)
+        new = self._empty_like(rows.shape[0])
+        for name, t in self.tensors().items():
+            getattr(new, name).copy_(t.index_select(0, rows))
+        return new
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(slots={self.slots}, geometry={self.geometry}, window={self.window}, "
+            f"state_dtype={self.checkpoint.dtype}, device={self.device}, nbytes={self.nbytes})"
+        )
+
+    # subclass interface
+    geometry: object
+    checkpoint: Tensor
+
+    def _empty_like(self, slots: int) -> "ReplayState":
+        raise NotImplementedError
+
+    def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:
+        raise NotImplementedError
+
+
+class Mamba2ReplayState(ReplayState):
+    """Replay state of one Mamba-2 layer.
+
+    Tensors (``L`` = window): checkpoint ``(slots, heads, head_dim,
+    state_size)`` in ``config.state_dtype``; ring_x ``(slots, L, heads,
+    head_dim)`` and ring_B ``(slots, L, groups, state_size)`` in the ring
+    dtype; ring_dt and ring_logdecay ``(slots, L, heads)`` fp32; cursor and
+    pending ``(slots,)`` int32.
+
+    Args:
+        geometry: the layer's state shape.
+        slots: number of rows (requests) the state serves.
+        config: window and dtypes (``ReplayConfig()`` by default).
+        device: where the tensors live.
+        activation_dtype: dtype the layer's activations arrive in; the ring
+            keeps x and B in it unless ``config.ring_dtype`` says otherwise.
+    """
+
+    _ring_names = ("ring_x", "ring_B", "ring_dt", "ring_logdecay")
+
+    def __init__(
+        self,
+        geometry: Mamba2Geometry,
+        slots: int,
+        config: ReplayConfig | None = None,
+        device: torch.device | str | None = None,
+        activation_dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__(slots, config, device)
+        if not isinstance(geometry, Mamba2Geometry):
+            raise TypeError(f"Mamba2ReplayState: geometry must be a Mamba2Geometry, got {type(geometry).__name__}")
+        self.geometry = geometry
+        self.activation_dtype = activation_dtype
+        g, L, dev = geometry, self.window, self.device
+        ring_dtype = self.config.ring_dtype or activation_dtype
+        self.checkpoint = torch.zeros(slots, g.heads, g.head_dim, g.state_size, dtype=self.config.state_dtype, device=dev)
+        self.ring_x = torch.zeros(slots, L, g.heads, g.head_dim, dtype=ring_dtype, device=dev)
+        self.ring_B = torch.zeros(slots, L, g.groups, g.state_size, dtype=ring_dtype, device=dev)
+        self.ring_dt = torch.zeros(slots, L, g.heads, dtype=torch.float32, device=dev)
+        self.ring_logdecay = torch.zeros(slots, L, g.heads, dtype=torch.float32, device=dev)
+
+    def _empty_like(self, slots: int) -> "Mamba2ReplayState":
+        return Mamba2ReplayState(self.geometry, slots, self.config, self.device, self.activation_dtype)
+
+    def step(
+        self,
+        x: Tensor,
+        dt: Tensor,
+        A: Tensor,
+        B: Tensor,
+        C: Tensor,
+        D: Tensor | None = None,
+        dt_bias: Tensor | None = None,
+        z: Tensor | None = None,
+        rows: Tensor | list[int] | None = None,
+        commit: bool = True,
+        dt_softplus: bool = True,
+    ) -> Tensor:
+        """Decode (``commit=True``) or verify (``commit=False``) T tokens per row; see ``ops.mamba2_step``.
+
+        ``rows`` defaults to ``0 .. batch-1``.
+        """
+        rows = self._rows(rows if rows is not None else range(x.shape[0]))
+        return ops.mamba2_step(
+            x, dt, A, B, C, D, dt_bias, z,
+            self.checkpoint, self.ring_x, self.ring_B, self.ring_dt, self.ring_logdecay, self.cursor, self.pending,
+            rows, commit, dt_softplus,
+        )  # fmt: skip
+
+    def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:
+        """Exact committed state ``(n, heads, head_dim, state_size)`` in fp32; writes nothing."""
+        rows = self._rows(rows)
+        return ops.mamba2_materialize(self.checkpoint, self.ring_x, self.ring_B, self.ring_dt, self.ring_logdecay, self.cursor, rows)
+
+
+class GDNReplayState(ReplayState):
+    """Replay state of one Gated DeltaNet layer.
+
+    Tensors (``L`` = window): checkpoint ``(slots, value_heads, value_dim,
+    key_dim)`` in ``config.state_dtype`` (key_dim contiguous, as vLLM lays it
+    out; Hugging Face keeps the transpose); ring_k ``(slots, L, key_heads,
+    key_dim)`` (normalised keys, fp32 unless ``config.ring_dtype``); ring_d
+    ``(slots, L, value_heads, value_dim)`` and ring_g ``(slots, L,
+    value_heads)`` fp32; cursor and pending ``(slots,)`` int32.
+    """
+
+    _ring_names = ("ring_k", "ring_d", "ring_g")
+
+    def __init__(
+        self,
+        geometry: GDNGeometry,
+        slots: int,
+        config: ReplayConfig | None = None,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__(slots, config, device)
+        if not isinstance(geometry, GDNGeometry):
+            raise TypeError(f"GDNReplayState: geometry must be a GDNGeometry, got {type(geometry).__name__}")
+        self.geometry = geometry
+        g, L, dev = geometry, self.window, self.device
+        ring_dtype = self.config.ring_dtype or torch.float32
+        self.checkpoint = torch.zeros(slots, g.value_heads, g.value_dim, g.key_dim, dtype=self.config.state_dtype, device=dev)
+        self.ring_k = torch.zeros(slots, L, g.key_heads, g.key_dim, dtype=ring_dtype, device=dev)
+        self.ring_d = torch.zeros(slots, L, g.value_heads, g.value_dim, dtype=torch.float32, device=dev)
+        self.ring_g = torch.zeros(slots, L, g.value_heads, dtype=torch.float32, device=dev)
+
+    def _empty_like(self, slots: int) -> "GDNReplayState":
+        return GDNReplayState(self.geometry, slots, self.config, self.device)
+
+    def step(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        rows: Tensor | list[int] | None = None,
+        commit: bool = True,
+        use_qk_l2norm: bool = False,
+        scale: float | None = None,
+    ) -> Tensor:
+        """Decode (``commit=True``) or verify (``commit=False``) T tokens per row; see ``ops.gdn_step``."""
+        rows = self._rows(rows if rows is not None else range(v.shape[0]))
+        return ops.gdn_step(
+            q, k, v, g, beta,
+            self.checkpoint, self.ring_k, self.ring_d, self.ring_g, self.cursor, self.pending,
+            rows, commit, use_qk_l2norm, scale,
+        )  # fmt: skip
+
+    def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:
+        """Exact committed state ``(n, value_heads, value_dim, key_dim)`` in fp32; writes nothing."""
+        rows = self._rows(rows)
+        return ops.gdn_materialize(self.checkpoint, self.ring_k, self.ring_d, self.ring_g, self.cursor, rows)
