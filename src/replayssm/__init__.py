@@ -12,6 +12,16 @@ from .traffic import Traffic, decode_traffic
 
 __version__ = "0.1.0.dev0"
 
+
+def __getattr__(name: str):
+    # patch/unpatch live in the Hugging Face integration, which imports
+    # transformers: load it on first use, never at package import.
+    if name in ("patch", "unpatch"):
+        from .integrations import hf
+
+        return getattr(hf, name)
+    raise AttributeError(f"module 'replayssm' has no attribute {name!r}")
+
 __all__ = [
     "ReplayConfig",
     "ReplayState",
