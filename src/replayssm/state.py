@@ -116,6 +116,13 @@ class ReplayState:
                 raise IndexError(f"{type(self).__name__}: {arg} must index slots in [0, {self.slots}), got {host.tolist()}")
         return rows
 
+    def _check_devices(self, op: str, **tensors: Tensor | None) -> None:
+        # Checked before dispatch: a tensor on another device would route the
+        # call to that device's kernel (or, for meta tensors, past every check).
+        for name, t in tensors.items():
+            if isinstance(t, Tensor) and t.device != self.device:
+                raise ValueError(f"replayssm.{op}: argument '{name}' must be on {self.device} like the state, got {t.device}")
+
     def _check_distinct(self, rows: Tensor, arg: str = "rows") -> None:
         host = rows.cpu()
         if host.unique().numel() != host.numel():
@@ -254,6 +261,7 @@ class Mamba2ReplayState(ReplayState):
 
         ``rows`` defaults to ``0 .. batch-1``.
         """
+        self._check_devices("mamba2_step", x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, z=z)
         rows = self._rows(rows if rows is not None else range(x.shape[0]))
         return ops.mamba2_step(
             x, dt, A, B, C, D, dt_bias, z,
@@ -314,6 +322,7 @@ class GDNReplayState(ReplayState):
         scale: float | None = None,
     ) -> Tensor:
         """Decode (``commit=True``) or verify (``commit=False``) T tokens per row; see ``ops.gdn_step``."""
+        self._check_devices("gdn_step", q=q, k=k, v=v, g=g, beta=beta)
         rows = self._rows(rows if rows is not None else range(v.shape[0]))
         return ops.gdn_step(
             q, k, v, g, beta,

@@ -94,7 +94,7 @@ def mamba2_step(
 
 @mamba2_step.register_fake
 def _(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("replayssm::mamba2_materialize", mutates_args=())
@@ -149,7 +149,7 @@ def mamba2_conventional_step(
 
 @mamba2_conventional_step.register_fake
 def _(x, dt, A, B, C, D, dt_bias, z, state, rows, dt_softplus):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 def _check_mamba2_conventional(x, dt, A, B, C, D, dt_bias, z, state, rows) -> None:
@@ -225,7 +225,7 @@ def gdn_step(
 
 @gdn_step.register_fake
 def _(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale):
-    return torch.empty_like(v)
+    return v.new_empty(v.shape)
 
 
 @torch.library.custom_op("replayssm::gdn_materialize", mutates_args=())
@@ -271,7 +271,7 @@ def gdn_conventional_step(
 
 @gdn_conventional_step.register_fake
 def _(q, k, v, g, beta, state, rows, use_qk_l2norm, scale):
-    return torch.empty_like(v)
+    return v.new_empty(v.shape)
 
 
 def _check_gdn_conventional(q, k, v, g, beta, state, rows) -> None:

@@ -101,52 +101,52 @@ def check_rows_and_cursors(
 def check_mamba2_step(
     x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows
 ) -> None:
-    ck = ArgChecker("mamba2_step", x.device if isinstance(x, Tensor) else torch.device("cpu"))
-    ck.tensor("x", x, (None, None, None, None), "(batch, T, heads, head_dim)", FLOAT_DTYPES)
-    batch, num_tokens, heads, head_dim = x.shape
+    # The state tensors fix the geometry; the inputs are checked against them.
+    ck = ArgChecker("mamba2_step", checkpoint.device if isinstance(checkpoint, Tensor) else torch.device("cpu"))
+    ck.tensor("checkpoint", checkpoint, (None, None, None, None), "(slots, heads, head_dim, state_size)", STATE_DTYPES)
+    slots, heads, head_dim, state_size = checkpoint.shape
+    ck.tensor("ring_x", ring_x, (slots, None, heads, head_dim), "(slots, window, heads, head_dim)", FLOAT_DTYPES)
+    window = ring_x.shape[1]
+    ck.tensor("ring_B", ring_B, (slots, window, None, state_size), "(slots, window, groups, state_size)", FLOAT_DTYPES)
+    groups = ring_B.shape[2]
+    ck.condition(groups >= 1 and heads % groups == 0, ValueError, "ring_B", f"groups ({groups}) must divide heads ({heads})")
+    ck.tensor("ring_dt", ring_dt, (slots, window, heads), "(slots, window, heads)", ACCUM_DTYPES)
+    ck.tensor("ring_logdecay", ring_logdecay, (slots, window, heads), "(slots, window, heads)", ACCUM_DTYPES)
+    ck.tensor("x", x, (None, None, heads, head_dim), "(batch, T, heads, head_dim)", FLOAT_DTYPES)
+    batch, num_tokens = x.shape[:2]
     ck.condition(num_tokens >= 1, ValueError, "x", f"must carry at least one token (T >= 1), got T = {num_tokens}")
-    ck.tensor("B", B, (batch, num_tokens, None, None), "(batch, T, groups, state_size)", FLOAT_DTYPES)
-    groups, state_size = B.shape[2], B.shape[3]
-    ck.condition(groups >= 1 and heads % groups == 0, ValueError, "B", f"groups ({groups}) must divide heads ({heads})")
     ck.tensor("dt", dt, (batch, num_tokens, heads), "(batch, T, heads)", FLOAT_DTYPES)
     ck.tensor("A", A, (heads,), "(heads,)", FLOAT_DTYPES)
+    ck.tensor("B", B, (batch, num_tokens, groups, state_size), "(batch, T, groups, state_size)", FLOAT_DTYPES)
     ck.tensor("C", C, (batch, num_tokens, groups, state_size), "(batch, T, groups, state_size)", FLOAT_DTYPES)
     ck.tensor("D", D, (heads,), "(heads,)", FLOAT_DTYPES, optional=True)
     ck.tensor("dt_bias", dt_bias, (heads,), "(heads,)", FLOAT_DTYPES, optional=True)
     ck.tensor("z", z, (batch, num_tokens, heads, head_dim), "(batch, T, heads, head_dim)", FLOAT_DTYPES, optional=True)
-    ck.tensor("checkpoint", checkpoint, (None, heads, head_dim, state_size), "(slots, heads, head_dim, state_size)", STATE_DTYPES)
-    slots = checkpoint.shape[0]
-    ck.tensor("ring_x", ring_x, (slots, None, heads, head_dim), "(slots, window, heads, head_dim)", FLOAT_DTYPES)
-    window = ring_x.shape[1]
-    ck.tensor("ring_B", ring_B, (slots, window, groups, state_size), "(slots, window, groups, state_size)", FLOAT_DTYPES)
-    ck.tensor("ring_dt", ring_dt, (slots, window, heads), "(slots, window, heads)", ACCUM_DTYPES)
-    ck.tensor("ring_logdecay", ring_logdecay, (slots, window, heads), "(slots, window, heads)", ACCUM_DTYPES)
     _check_cursor_rows(ck, "x", cursor, pending, rows, slots, batch, window, num_tokens)
 
 
 def check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale) -> None:
-    ck = ArgChecker("gdn_step", v.device if isinstance(v, Tensor) else torch.device("cpu"))
-    ck.tensor("v", v, (None, None, None, None), "(batch, T, value_heads, value_dim)", FLOAT_DTYPES)
-    batch, num_tokens, value_heads, value_dim = v.shape
-    ck.condition(num_tokens >= 1, ValueError, "v", f"must carry at least one token (T >= 1), got T = {num_tokens}")
-    ck.tensor("k", k, (batch, num_tokens, None, None), "(batch, T, key_heads, key_dim)", FLOAT_DTYPES)
-    key_heads, key_dim = k.shape[2], k.shape[3]
+    ck = ArgChecker("gdn_step", checkpoint.device if isinstance(checkpoint, Tensor) else torch.device("cpu"))
+    ck.tensor("checkpoint", checkpoint, (None, None, None, None), "(slots, value_heads, value_dim, key_dim)", STATE_DTYPES)
+    slots, value_heads, value_dim, key_dim = checkpoint.shape
+    ck.tensor("ring_k", ring_k, (slots, None, None, key_dim), "(slots, window, key_heads, key_dim)", FLOAT_DTYPES)
+    window, key_heads = ring_k.shape[1], ring_k.shape[2]
     ck.condition(
         key_heads >= 1 and value_heads % key_heads == 0,
         ValueError,
-        "k",
+        "ring_k",
         f"key_heads ({key_heads}) must divide value_heads ({value_heads})",
     )
+    ck.tensor("ring_d", ring_d, (slots, window, value_heads, value_dim), "(slots, window, value_heads, value_dim)", ACCUM_DTYPES)
+    ck.tensor("ring_g", ring_g, (slots, window, value_heads), "(slots, window, value_heads)", ACCUM_DTYPES)
+    ck.tensor("v", v, (None, None, value_heads, value_dim), "(batch, T, value_heads, value_dim)", FLOAT_DTYPES)
+    batch, num_tokens = v.shape[:2]
+    ck.condition(num_tokens >= 1, ValueError, "v", f"must carry at least one token (T >= 1), got T = {num_tokens}")
     ck.tensor("q", q, (batch, num_tokens, key_heads, key_dim), "(batch, T, key_heads, key_dim)", FLOAT_DTYPES)
+    ck.tensor("k", k, (batch, num_tokens, key_heads, key_dim), "(batch, T, key_heads, key_dim)", FLOAT_DTYPES)
     ck.tensor("g", g, (batch, num_tokens, value_heads), "(batch, T, value_heads)", FLOAT_DTYPES)
     ck.tensor("beta", beta, (batch, num_tokens, value_heads), "(batch, T, value_heads)", FLOAT_DTYPES)
     ck.condition(scale is None or scale > 0, ValueError, "scale", f"must be None or positive, got {scale}")
-    ck.tensor("checkpoint", checkpoint, (None, value_heads, value_dim, key_dim), "(slots, value_heads, value_dim, key_dim)", STATE_DTYPES)
-    slots = checkpoint.shape[0]
-    ck.tensor("ring_k", ring_k, (slots, None, key_heads, key_dim), "(slots, window, key_heads, key_dim)", FLOAT_DTYPES)
-    window = ring_k.shape[1]
-    ck.tensor("ring_d", ring_d, (slots, window, value_heads, value_dim), "(slots, window, value_heads, value_dim)", ACCUM_DTYPES)
-    ck.tensor("ring_g", ring_g, (slots, window, value_heads), "(slots, window, value_heads)", ACCUM_DTYPES)
     _check_cursor_rows(ck, "v", cursor, pending, rows, slots, batch, window, num_tokens)
 
 

@@ -192,7 +192,7 @@ def mamba2_step(
     else:
         cursor[rows] = c.to(cursor.dtype)
         pending[rows] = num_tokens
-    return y.to(x.dtype)
+    return y.to(x.dtype).contiguous()
 
 
 def mamba2_materialize(
@@ -253,7 +253,7 @@ def mamba2_conventional_step(
     if z is not None:
         y = y * F.silu(z.to(cd))
     state[rows] = s.to(state.dtype)
-    return y.to(x.dtype)
+    return y.to(x.dtype).contiguous()
 
 
 # ---------------------------------------------------------------------------
@@ -353,7 +353,7 @@ def gdn_step(
     else:
         cursor[rows] = c.to(cursor.dtype)
         pending[rows] = num_tokens
-    return o.to(v.dtype)
+    return o.to(v.dtype).contiguous()
 
 
 def gdn_materialize(
@@ -398,7 +398,7 @@ def gdn_conventional_step(
         s = s.to(state.dtype).to(cd)  # the state is stored after every token
         outputs.append(torch.einsum("bhvk,bhk->bhv", s, q_t[:, t]))
     state[rows] = s.to(state.dtype)
-    return torch.stack(outputs, dim=1).to(v.dtype)
+    return torch.stack(outputs, dim=1).to(v.dtype).contiguous()
 
 
 # ---------------------------------------------------------------------------

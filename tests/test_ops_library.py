@@ -1,0 +1,111 @@
+"""torch.library registration: opcheck on every op, torch.compile(fullgraph=True) on CPU."""
+
+import pytest
+import torch
+
+from _cases import gdn_inputs, mamba2_inputs, mamba2_params
+from replayssm import GDNGeometry, GDNReplayState, Mamba2Geometry, Mamba2ReplayState, ReplayConfig, ops
+
+M_GEOM = Mamba2Geometry(heads=4, head_dim=8, state_size=6, groups=2)
+G_GEOM = GDNGeometry(key_heads=1, value_heads=2, key_dim=8, value_dim=6)
+
+
+def _warm_mamba2(T_prefix=2, slots=3, window=4):
+    gen = torch.Generator().manual_seed(0)
+    state = Mamba2ReplayState(M_GEOM, slots, ReplayConfig(window=window))
+    p = mamba2_params(M_GEOM, gen)
+    for _ in range(T_prefix):
+        x, dt, B, C, z = mamba2_inputs(M_GEOM, slots, 1, gen)
+        state.step(x, dt, p.A, B, C, p.D, p.dt_bias, z)
+    return state, p, gen
+
+
+def _warm_gdn(T_prefix=2, slots=3, window=4):
+    gen = torch.Generator().manual_seed(0)
+    state = GDNReplayState(G_GEOM, slots, ReplayConfig(window=window))
+    for _ in range(T_prefix):
+        state.step(*gdn_inputs(G_GEOM, slots, 1, gen), use_qk_l2norm=True)
+    return state, gen
+
+
+def _mamba2_step_args(T, commit, prefix=2):
+    state, p, gen = _warm_mamba2(prefix)
+    x, dt, B, C, z = mamba2_inputs(M_GEOM, 3, T, gen)
+    rows = torch.tensor([2, 0, 1])
+    s = state
+    return (x, dt, p.A, B, C, p.D, p.dt_bias, z, s.checkpoint, s.ring_x, s.ring_B, s.ring_dt, s.ring_logdecay, s.cursor, s.pending, rows, commit, True)
+
+
+def _gdn_step_args(T, commit, prefix=2):
+    state, gen = _warm_gdn(prefix)
+    s = state
+    return gdn_inputs(G_GEOM, 3, T, gen) + (s.checkpoint, s.ring_k, s.ring_d, s.ring_g, s.cursor, s.pending, torch.tensor([1, 2, 0]), commit, True, None)
+
+
+@pytest.mark.parametrize("T, commit, prefix", [(1, True, 2), (1, True, 4), (3, False, 2)], ids=["decode", "decode-flush", "verify-flush"])
+def test_opcheck_mamba2_step(T, commit, prefix):
+    torch.library.opcheck(ops.mamba2_step, _mamba2_step_args(T, commit, prefix))
+
+
+@pytest.mark.parametrize("T, commit, prefix", [(1, True, 2), (1, True, 4), (3, False, 2)], ids=["decode", "decode-flush", "verify-flush"])
+def test_opcheck_gdn_step(T, commit, prefix):
+    torch.library.opcheck(ops.gdn_step, _gdn_step_args(T, commit, prefix))
+
+
+def test_opcheck_materialize_and_commit():
+    state, _, _ = _warm_mamba2()
+    s = state
+    rows = torch.tensor([1, 2])
+    torch.library.opcheck(ops.mamba2_materialize, (s.checkpoint, s.ring_x, s.ring_B, s.ring_dt, s.ring_logdecay, s.cursor, rows))
+    g, _ = _warm_gdn()
+    torch.library.opcheck(ops.gdn_materialize, (g.checkpoint, g.ring_k, g.ring_d, g.ring_g, g.cursor, rows))
+    args = _gdn_step_args(3, False)
+    ops.gdn_step(*args)
+    cursor, pending = args[9], args[10]
+    torch.library.opcheck(ops.commit, (cursor, pending, torch.tensor([0, 2]), torch.tensor([3, 1])))
+
+
+def test_opcheck_conventional():
+    gen = torch.Generator().manual_seed(5)
+    p = mamba2_params(M_GEOM, gen)
+    x, dt, B, C, z = mamba2_inputs(M_GEOM, 2, 3, gen)
+    state = torch.randn(4, 4, 8, 6, generator=gen)
+    torch.library.opcheck(ops.mamba2_conventional_step, (x, dt, p.A, B, C, p.D, p.dt_bias, z, state, torch.tensor([3, 1]), True))
+    q, k, v, g, beta = gdn_inputs(G_GEOM, 2, 3, gen)
+    gstate = 0.1 * torch.randn(3, 2, 6, 8, generator=gen)
+    torch.library.opcheck(ops.gdn_conventional_step, (q, k, v, g, beta, gstate, torch.tensor([0, 2]), True, None))
+
+
+def test_compile_fullgraph_matches_eager():
+    """A decode step (with a flush on some rows) under torch.compile(fullgraph=True) equals eager, state included."""
+
+    def step(m_state, g_state, m_in, g_in, p):
+        x, dt, B, C, z = m_in
+        y = ops.mamba2_step(x, dt, p.A, B, C, p.D, p.dt_bias, z, m_state.checkpoint, m_state.ring_x, m_state.ring_B,
+                            m_state.ring_dt, m_state.ring_logdecay, m_state.cursor, m_state.pending, rows, True, True)  # fmt: skip
+        o = ops.gdn_step(*g_in, g_state.checkpoint, g_state.ring_k, g_state.ring_d, g_state.ring_g, g_state.cursor,
+                         g_state.pending, rows, True, True, None)  # fmt: skip
+        return y * 2, o + 1
+
+    rows = torch.tensor([0, 1, 2])
+    m_eager, p, gen = _warm_mamba2(T_prefix=3)
+    g_eager, _ = _warm_gdn(T_prefix=3)
+    # Stagger: row 0 is one token ahead, so rows flush on different steps.
+    x, dt, B, C, z = mamba2_inputs(M_GEOM, 1, 1, gen)
+    m_eager.step(x, dt, p.A, B, C, p.D, p.dt_bias, z, rows=[0])
+    g_eager.step(*gdn_inputs(G_GEOM, 1, 1, gen), rows=[0], use_qk_l2norm=True)
+    assert m_eager.cursor.tolist() == [4, 3, 3] and g_eager.cursor.tolist() == [4, 3, 3]
+    m_comp = m_eager.select([0, 1, 2])
+    g_comp = g_eager.select([0, 1, 2])
+    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    for i in range(6):
+        m_in = mamba2_inputs(M_GEOM, 3, 1, gen)
+        g_in = gdn_inputs(G_GEOM, 3, 1, gen)
+        ye, oe = step(m_eager, g_eager, m_in, g_in, p)
+        yc, oc = compiled(m_comp, g_comp, m_in, g_in, p)
+        torch.testing.assert_close(yc, ye, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(oc, oe, rtol=1e-6, atol=1e-6)
+        for a, b in zip(m_comp.tensors().values(), m_eager.tensors().values()):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        for a, b in zip(g_comp.tensors().values(), g_eager.tensors().values()):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
