@@ -1,0 +1,53 @@
+"""Helpers shared by the Triton kernel families: jit math and launch plumbing.
+
+Only imported where Triton is present (``register_cuda_kernels`` imports the
+kernel modules lazily, on the first call with CUDA tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softplus(x):
+    """``log(1 + exp(x))`` as torch computes it (threshold 20), accurate for large negative x.
+
+    ``log1p(e)`` uses the classic ``log(u) * e / (u - 1)`` with ``u = 1 + e``
+    (exact to a few ulp where ``log(1 + e)`` would lose the digits of ``e``).
+    """
+    e = tl.exp(-tl.abs(x))
+    u = 1.0 + e
+    log1p_e = tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))
+    return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p_e)
+
+
+@triton.jit
+def sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def suffix_sums(b_log, o_l):
+    """``out[i] = sum_{j > i} b_log[j]``: direct segment sums, no difference of cumulative sums."""
+    return tl.sum(tl.where(o_l[None, :] > o_l[:, None], b_log[None, :], 0.0), axis=1)
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def device_context(t: torch.Tensor):
+    """``torch.cuda.device`` for CUDA tensors; nothing for CPU tensors (interpreter)."""
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device.index)
+    return contextlib.nullcontext()
+
+
+def uses_float64(*tensors: torch.Tensor | None) -> bool:
+    """The kernels compute in fp32; fp64 calls go to the reference (which computes in fp64)."""
+    return any(t is not None and t.dtype == torch.float64 for t in tensors)

@@ -1,0 +1,70 @@
+"""Launch configurations, chosen by hand per shape (no autotune: the kernels mutate state).
+
+Each kernel processes one (row, head) state of ``dim x key_dim`` (Mamba-2:
+head_dim x state_size; GDN: value_dim x key_dim) in tiles of ``block`` rows of
+the full key dimension. ``split`` programs share one head's tiles (a program
+loops over every ``split``-th tile), so per-head work done once per program
+(GDN's ring-key dot products, Mamba-2's B.C products) is shared by its tiles.
+
+The figures behind these choices are in docs/kernels.md (tuning log); the
+benchmark's ``--sweep`` mode times alternatives. A shape missing from a table
+gets the default rule below it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block: int  # rows of the state tile (head_dim or value_dim direction), a power of two
+    split: int  # programs per head (1 = one program loops over all tiles of its head)
+    num_warps: int
+    num_stages: int = 1
+
+    def as_dict(self) -> dict:
+        return {"block": self.block, "split": self.split, "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+# (dim, key_dim) -> config, fp32 state. Keys: head_dim x state_size (Mamba-2), value_dim x key_dim (GDN).
+_MAMBA2_REPLAY = {
+    (80, 128): LaunchConfig(block=16, split=1, num_warps=4),
+    (64, 128): LaunchConfig(block=16, split=1, num_warps=4),
+}
+_MAMBA2_CONVENTIONAL = {
+    (80, 128): LaunchConfig(block=16, split=5, num_warps=4),
+    (64, 128): LaunchConfig(block=16, split=4, num_warps=4),
+}
+_GDN_REPLAY = {
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
+}
+_GDN_CONVENTIONAL = {
+    (128, 128): LaunchConfig(block=16, split=8, num_warps=4),
+}
+
+
+def _default(dim: int, key_dim: int, loop: bool) -> LaunchConfig:
+    block = 16 if key_dim >= 64 else 32
+    tiles = -(-dim // block)
+    return LaunchConfig(block=block, split=1 if loop else tiles, num_warps=4)
+
+
+def _pick(table: dict, dim: int, key_dim: int, loop: bool) -> LaunchConfig:
+    return table.get((dim, key_dim)) or _default(dim, key_dim, loop)
+
+
+def mamba2_replay_config(head_dim: int, state_size: int) -> LaunchConfig:
+    return _pick(_MAMBA2_REPLAY, head_dim, state_size, loop=True)
+
+
+def mamba2_conventional_config(head_dim: int, state_size: int) -> LaunchConfig:
+    return _pick(_MAMBA2_CONVENTIONAL, head_dim, state_size, loop=False)
+
+
+def gdn_replay_config(value_dim: int, key_dim: int) -> LaunchConfig:
+    return _pick(_GDN_REPLAY, value_dim, key_dim, loop=True)
+
+
+def gdn_conventional_config(value_dim: int, key_dim: int) -> LaunchConfig:
+    return _pick(_GDN_CONVENTIONAL, value_dim, key_dim, loop=False)
