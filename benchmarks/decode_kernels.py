@@ -1,0 +1,441 @@
+"""Decode-step kernel benchmark: replay vs conventional (and fla where installed), next to bandwidth floors.
+
+One call on the GPU does everything (issue 3, item 3):
+
+    PYTHONPATH=src python benchmarks/decode_kernels.py --out results/
+
+* geometries: Mamba-2 (heads, head_dim, state, groups) (96, 80, 128, 8),
+  (128, 64, 128, 8), (64, 64, 128, 8); GDN (key heads, value heads, key dim,
+  value dim) (16, 32, 128, 128), (16, 64, 128, 128); fp32 checkpoint, bf16 inputs;
+* batch sweep (headline 256) at window 16, window sweep 4..32 at batch 256;
+* per-step time: a window of L steps captured in one CUDA graph, replayed,
+  divided by L; median of repeats; fresh random inputs per step (never zeros);
+* replay with rows at staggered ring positions (about B/L rows flush each
+  step) and in phase (all rows flush on the same step); the non-flush and the
+  flush step on their own;
+* floors: bytes from ``replayssm.decode_traffic`` over the streaming bandwidth
+  of an elementwise kernel measured in the same run;
+* fla's ``fused_recurrent_gated_delta_rule`` as a second GDN baseline when
+  importable.
+
+Prints a table last; writes ``decode_kernels.json`` and ``decode_kernels.png``
+(matplotlib, the ``bench`` extra) into ``--out``. ``--sweep`` first times a
+few launch configurations per kernel at the headline point (to fill
+``replayssm/ops/triton/configs.py`` by hand). ``--dry-run`` runs the step
+plumbing once on tiny sizes under the Triton interpreter (no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+if "--dry-run" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import replayssm  # noqa: E402
+from replayssm import GDNGeometry, Mamba2Geometry, decode_traffic  # noqa: E402
+from replayssm.ops.triton import gdn as gdn_kernels  # noqa: E402
+from replayssm.ops.triton import mamba2 as mamba2_kernels  # noqa: E402
+from replayssm.ops.triton.configs import (  # noqa: E402
+    LaunchConfig,
+    gdn_conventional_config,
+    gdn_replay_config,
+    mamba2_conventional_config,
+    mamba2_replay_config,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GEOMETRIES = {
+    "mamba2-96x80x128-g8": Mamba2Geometry(heads=96, head_dim=80, state_size=128, groups=8),
+    "mamba2-128x64x128-g8": Mamba2Geometry(heads=128, head_dim=64, state_size=128, groups=8),
+    "mamba2-64x64x128-g8": Mamba2Geometry(heads=64, head_dim=64, state_size=128, groups=8),
+    "gdn-16x32x128x128": GDNGeometry(key_heads=16, value_heads=32, key_dim=128, value_dim=128),
+    "gdn-16x64x128x128": GDNGeometry(key_heads=16, value_heads=64, key_dim=128, value_dim=128),
+}
+DRY_GEOMETRIES = {
+    "mamba2-tiny": Mamba2Geometry(heads=4, head_dim=16, state_size=16, groups=2),
+    "gdn-tiny": GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=16),
+}
+HEADLINE_BATCH, HEADLINE_WINDOW = 256, 16
+BATCHES = (1, 8, 32, 64, 128, 256, 512, 1024)
+WINDOWS = (4, 8, 16, 32)
+ACT = torch.bfloat16
+
+
+class Case:
+    """State, parameters and ``window`` sets of fresh random inputs for one (geometry, batch, window)."""
+
+    def __init__(self, geometry, batch: int, window: int, device: str, seed: int = 0, conventional: bool = True):
+        self.geometry, self.batch, self.window, self.device = geometry, batch, window, device
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.rows = torch.arange(batch, device=device)
+        self.mamba2 = isinstance(geometry, Mamba2Geometry)
+        self.conventional_state = None
+        if self.mamba2:
+            g = geometry
+            self.state = replayssm.Mamba2ReplayState(g, batch, replayssm.ReplayConfig(window=window), device, activation_dtype=ACT)
+            self.A = -(self.rand(g.heads) * 4 + 0.5)
+            self.D = self.randn(g.heads)
+            self.dt_bias = self.randn(g.heads) * 0.5 - 2.0
+            self.inputs = [
+                (
+                    self.randn(batch, 1, g.heads, g.head_dim).to(ACT),
+                    (self.randn(batch, 1, g.heads) * 0.5).to(ACT),
+                    self.randn(batch, 1, g.groups, g.state_size).to(ACT),
+                    self.randn(batch, 1, g.groups, g.state_size).to(ACT),
+                    self.randn(batch, 1, g.heads, g.head_dim).to(ACT),
+                )
+                for _ in range(window)
+            ]
+            st = self.state
+            st.ring_x.copy_(self.randn(*st.ring_x.shape))
+            st.ring_B.copy_(self.randn(*st.ring_B.shape))
+            st.ring_dt.copy_(self.rand(*st.ring_dt.shape) * 0.1)
+            st.ring_logdecay.copy_(-st.ring_dt * 2)
+        else:
+            g = geometry
+            self.state = replayssm.GDNReplayState(g, batch, replayssm.ReplayConfig(window=window), device)
+            self.inputs = [
+                (
+                    self.randn(batch, 1, g.key_heads, g.key_dim).to(ACT),
+                    self.randn(batch, 1, g.key_heads, g.key_dim).to(ACT),
+                    self.randn(batch, 1, g.value_heads, g.value_dim).to(ACT),
+                    (-self.rand(batch, 1, g.value_heads) * 0.3).to(ACT),
+                    (self.rand(batch, 1, g.value_heads) * 0.9 + 0.05).to(ACT),
+                )
+                for _ in range(window)
+            ]
+            st = self.state
+            st.ring_k.copy_(torch.nn.functional.normalize(self.randn(*st.ring_k.shape), dim=-1))
+            st.ring_d.copy_(self.randn(*st.ring_d.shape) * 0.1)
+            st.ring_g.copy_(-self.rand(*st.ring_g.shape) * 0.3)
+        self.state.checkpoint.copy_(self.randn(*self.state.checkpoint.shape) * 0.1)
+        if conventional:
+            self.conventional_state = self.randn(*self.state.checkpoint.shape) * 0.1
+        self.set_phase("staggered")
+
+    def randn(self, *shape):
+        return torch.randn(*shape, generator=self.gen, device=self.device)
+
+    def rand(self, *shape):
+        return torch.rand(*shape, generator=self.gen, device=self.device)
+
+    def set_phase(self, phase: str) -> None:
+        """``staggered``: row r at cursor r mod L; ``in-phase``: every row at cursor 0."""
+        c = torch.arange(self.batch, device=self.device) % self.window if phase == "staggered" else torch.zeros(self.batch, device=self.device)
+        self.state.cursor.copy_(c.to(torch.int32))
+        self.state.pending.zero_()
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def replay_steps(self, config: LaunchConfig | None = None, via_op: bool = True):
+        st = self.state
+        steps = []
+        for i, inp in enumerate(self.inputs):
+            if self.mamba2:
+                x, dt, B, C, z = inp
+                tensors = (st.checkpoint, st.ring_x, st.ring_B, st.ring_dt, st.ring_logdecay, st.cursor, st.pending)
+                if via_op:
+                    steps.append(lambda x=x, dt=dt, B=B, C=C, z=z: replayssm.ops.mamba2_step(
+                        x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, True, True))
+                else:
+                    y = torch.empty_like(x)
+                    steps.append(lambda x=x, dt=dt, B=B, C=C, z=z, y=y: mamba2_kernels.mamba2_step_out(
+                        x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, True, True, y=y, config=config))
+            else:
+                q, k, v, g, beta = inp
+                tensors = (st.checkpoint, st.ring_k, st.ring_d, st.ring_g, st.cursor, st.pending)
+                if via_op:
+                    steps.append(lambda inp=inp: replayssm.ops.gdn_step(*inp, *tensors, self.rows, True, True, None))
+                else:
+                    o = torch.empty_like(v)
+                    steps.append(lambda inp=inp, o=o: gdn_kernels.gdn_step_out(
+                        *inp, *tensors, self.rows, True, True, None, o=o, config=config))
+            del i
+        return steps  # fmt: skip
+
+    def pinned_replay_steps(self, cursor_value: int, count: int):
+        """``count`` steps, each preceded by resetting every cursor to ``cursor_value`` (a tiny copy kernel)."""
+        pinned = torch.full((self.batch,), cursor_value, dtype=torch.int32, device=self.device)
+        base = self.replay_steps()
+        steps = []
+        for i in range(count):
+            step = base[i % len(base)]
+            steps.append(lambda step=step: (self.state.cursor.copy_(pinned), step()))
+        return steps
+
+    def conventional_steps(self, config: LaunchConfig | None = None, via_op: bool = True):
+        s = self.conventional_state
+        steps = []
+        for inp in self.inputs:
+            if self.mamba2:
+                x, dt, B, C, z = inp
+                if via_op:
+                    steps.append(lambda x=x, dt=dt, B=B, C=C, z=z: replayssm.ops.mamba2_conventional_step(
+                        x, dt, self.A, B, C, self.D, self.dt_bias, z, s, self.rows, True))
+                else:
+                    y = torch.empty_like(x)
+                    steps.append(lambda x=x, dt=dt, B=B, C=C, z=z, y=y: mamba2_kernels.mamba2_conventional_step_out(
+                        x, dt, self.A, B, C, self.D, self.dt_bias, z, s, self.rows, True, y=y, config=config))
+            else:
+                if via_op:
+                    steps.append(lambda inp=inp: replayssm.ops.gdn_conventional_step(*inp, s, self.rows, True, None))
+                else:
+                    o = torch.empty_like(inp[2])
+                    steps.append(lambda inp=inp, o=o: gdn_kernels.gdn_conventional_step_out(
+                        *inp, s, self.rows, True, None, o=o, config=config))
+        return steps  # fmt: skip
+
+    def fla_steps(self, fla_fn):
+        """fla's fused recurrent kernel, one token, state read from and written to (N, HV, V, K) fp32."""
+        s = self.conventional_state
+        steps = []
+        for q, k, v, g, beta in self.inputs:
+            steps.append(lambda q=q, k=k, v=v, g=g, beta=beta: fla_fn(
+                q=q, k=k, v=v, g=g, beta=beta, initial_state=s, output_final_state=True,
+                use_qk_l2norm_in_kernel=True, state_v_first=True))
+        return steps  # fmt: skip
+
+    def traffic(self):
+        return decode_traffic(self.geometry, self.batch, self.window, torch.float32, ACT)
+
+
+def _load_fla():
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not installed here"
+        return None, f"{type(exc).__name__}: {exc}"
+    return fused_recurrent_gated_delta_rule, None
+
+
+# ---------------------------------------------------------------------------
+# measurements
+# ---------------------------------------------------------------------------
+
+
+def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=False, repeats=15):
+    from _common import time_graph_per_step
+
+    case = Case(geometry, batch, window, device)
+    traffic = case.traffic()
+    row = {"geometry": name, "batch": batch, "window": window}
+    row["replay_us"] = time_graph_per_step(case.replay_steps(), repeats)
+    if full:
+        case.set_phase("in-phase")
+        row["replay_inphase_us"] = time_graph_per_step(case.replay_steps(), repeats)
+        row["nonflush_us"] = time_graph_per_step(case.pinned_replay_steps(window - 1, window), repeats)
+        row["flush_us"] = time_graph_per_step(case.pinned_replay_steps(window, window), repeats)
+        row["stagger_vs_inphase"] = row["replay_us"] / row["replay_inphase_us"] - 1
+    row["conventional_us"] = time_graph_per_step(case.conventional_steps(), repeats)
+    if fla_fn is not None and not case.mamba2:
+        row["fla_us"] = time_graph_per_step(case.fla_steps(fla_fn), repeats)
+    row["replay_floor_us"] = traffic.replay / bw * 1e6
+    row["conventional_floor_us"] = traffic.conventional / bw * 1e6
+    row["replay_pct_floor"] = 100 * row["replay_floor_us"] / row["replay_us"]
+    row["conventional_pct_floor"] = 100 * row["conventional_floor_us"] / row["conventional_us"]
+    row["speedup"] = row["conventional_us"] / row["replay_us"]
+    row["bytes_model_ratio"] = traffic.ratio
+    if "fla_us" in row:
+        row["fla_pct_floor"] = 100 * row["conventional_floor_us"] / row["fla_us"]
+    del case
+    torch.cuda.empty_cache()
+    return row
+
+
+SWEEP_REPLAY = [
+    LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(8, 1, 2), LaunchConfig(16, 1, 2),
+    LaunchConfig(32, 1, 8), LaunchConfig(16, 99, 4), LaunchConfig(32, 99, 4), LaunchConfig(64, 1, 8),
+]  # fmt: skip
+SWEEP_CONVENTIONAL = [
+    LaunchConfig(8, 99, 2), LaunchConfig(16, 99, 2), LaunchConfig(16, 99, 4), LaunchConfig(32, 99, 4),
+    LaunchConfig(32, 99, 8), LaunchConfig(64, 99, 8), LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 8),
+]  # fmt: skip
+
+
+def sweep(geometries, device, log) -> list[dict]:
+    from _common import time_graph_per_step
+
+    out = []
+    for name, geometry in geometries.items():
+        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device)
+        for kind, configs in (("replay", SWEEP_REPLAY), ("conventional", SWEEP_CONVENTIONAL)):
+            for cfg in configs:
+                steps = case.replay_steps(cfg, via_op=False) if kind == "replay" else case.conventional_steps(cfg, via_op=False)
+                try:
+                    us = time_graph_per_step(steps, repeats=10)
+                except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
+                    us = None
+                    log(f"sweep {name} {kind} {cfg}: {type(exc).__name__}: {exc}")
+                out.append({"geometry": name, "kernel": kind, **cfg.as_dict(), "us": us})
+                log(f"sweep {name:24s} {kind:12s} block={cfg.block:3d} split={cfg.split:3d} warps={cfg.num_warps} -> {us}")
+        del case
+        torch.cuda.empty_cache()
+    return out
+
+
+def dry_run() -> None:
+    """Run each step kind once on tiny CPU tensors (Triton interpreter): catches plumbing errors."""
+    for name, geometry in DRY_GEOMETRIES.items():
+        case = Case(geometry, 3, 4, "cpu")
+        for step in case.replay_steps(via_op=False) + case.conventional_steps(via_op=False) + case.replay_steps():
+            step()
+        cfg = mamba2_replay_config(16, 16) if case.mamba2 else gdn_replay_config(16, 16)
+        conv = mamba2_conventional_config(16, 16) if case.mamba2 else gdn_conventional_config(16, 16)
+        print(f"dry run {name}: ok (replay {cfg}, conventional {conv}); traffic ratio {case.traffic().ratio:.2f}")
+
+
+def plot(rows, path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed (pip install replayssm[bench])"
+    names = list(dict.fromkeys(r["geometry"] for r in rows))
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        pts = sorted((r for r in rows if r["geometry"] == name), key=lambda r: r["batch"])
+        b = [r["batch"] for r in pts]
+        ax.loglog(b, [r["replay_us"] for r in pts], "o-", label="replay")
+        ax.loglog(b, [r["conventional_us"] for r in pts], "s-", label="conventional")
+        if any("fla_us" in r for r in pts):
+            ax.loglog(b, [r.get("fla_us") for r in pts], "^-", label="fla fused_recurrent")
+        ax.loglog(b, [r["replay_floor_us"] for r in pts], "--", color="C0", alpha=0.6, label="replay floor")
+        ax.loglog(b, [r["conventional_floor_us"] for r in pts], "--", color="C1", alpha=0.6, label="conventional floor")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("us per decode step")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"decode step, window {HEADLINE_WINDOW}, fp32 state, bf16 inputs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return None
+
+
+HEADLINE_COLUMNS = [
+    ("geometry", "geometry", ""),
+    ("replay_us", "replay us (staggered)", ".1f"),
+    ("replay_inphase_us", "replay us (in-phase)", ".1f"),
+    ("stagger_vs_inphase", "stag/in-phase - 1", "+.1%"),
+    ("nonflush_us", "non-flush us", ".1f"),
+    ("flush_us", "flush us", ".1f"),
+    ("conventional_us", "conventional us", ".1f"),
+    ("fla_us", "fla us", ".1f"),
+    ("speedup", "conv/replay", ".2f"),
+    ("bytes_model_ratio", "bytes ratio", ".2f"),
+    ("replay_pct_floor", "replay % floor", ".1f"),
+    ("conventional_pct_floor", "conv % floor", ".1f"),
+]
+SWEEP_COLUMNS = [
+    ("geometry", "geometry", ""),
+    ("batch", "batch", "d"),
+    ("window", "L", "d"),
+    ("replay_us", "replay us", ".1f"),
+    ("conventional_us", "conv us", ".1f"),
+    ("fla_us", "fla us", ".1f"),
+    ("speedup", "conv/replay", ".2f"),
+    ("replay_pct_floor", "replay % floor", ".1f"),
+    ("conventional_pct_floor", "conv % floor", ".1f"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results", help="folder for decode_kernels.json / .png / .log")
+    ap.add_argument("--geometries", nargs="*", default=list(GEOMETRIES), choices=list(GEOMETRIES))
+    ap.add_argument("--batches", nargs="*", type=int, default=list(BATCHES))
+    ap.add_argument("--windows", nargs="*", type=int, default=list(WINDOWS))
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--sweep", action="store_true", help="time launch configurations at the headline point first")
+    ap.add_argument("--headline-only", action="store_true", help="only the batch-256, window-16 table")
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU under the Triton interpreter; no timing")
+    args = ap.parse_args()
+    if args.dry_run:
+        dry_run()
+        return
+    from _common import format_table, streaming_bandwidth
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = open(out / "decode_kernels.log", "w")
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        log_file.write(msg + "\n")
+        log_file.flush()
+
+    device = "cuda"
+    geometries = {n: GEOMETRIES[n] for n in args.geometries}
+    fla_fn, fla_error = _load_fla()
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "python": platform.python_version(),
+        "fla": "not importable: " + fla_error if fla_fn is None else "fla-core " + getattr(sys.modules.get("fla"), "__version__", "?"),
+        "state_dtype": "float32",
+        "input_dtype": "bfloat16",
+        "command": " ".join(sys.argv),
+    }
+    log(json.dumps(meta))
+    result = {"meta": meta}
+    if args.sweep:
+        result["sweep"] = sweep(geometries, device, log)
+    bw = streaming_bandwidth()
+    bw_end = None
+    result["bandwidth_Bps"] = bw
+    log(f"streaming bandwidth (elementwise Triton kernel, read + write): {bw / 1e12:.3f} TB/s")
+
+    headline = []
+    for name, geometry in geometries.items():
+        row = measure_point(name, geometry, HEADLINE_BATCH, HEADLINE_WINDOW, bw, device, fla_fn, full=True, repeats=args.repeats)
+        headline.append(row)
+        log(f"headline {json.dumps(row)}")
+    result["headline"] = headline
+    batch_rows, window_rows = [], []
+    if not args.headline_only:
+        for name, geometry in geometries.items():
+            for batch in args.batches:
+                if batch == HEADLINE_BATCH:
+                    row = next(r for r in headline if r["geometry"] == name)
+                else:
+                    row = measure_point(name, geometry, batch, HEADLINE_WINDOW, bw, device, fla_fn, repeats=args.repeats)
+                batch_rows.append(row)
+                log(f"batch {json.dumps(row)}")
+            for window in args.windows:
+                if window == HEADLINE_WINDOW:
+                    row = next(r for r in headline if r["geometry"] == name)
+                else:
+                    row = measure_point(name, geometry, HEADLINE_BATCH, window, bw, device, None, repeats=args.repeats)
+                window_rows.append(row)
+                log(f"window {json.dumps(row)}")
+        bw_end = streaming_bandwidth()
+        log(f"streaming bandwidth at the end: {bw_end / 1e12:.3f} TB/s")
+    result.update(batch_sweep=batch_rows, window_sweep=window_rows, bandwidth_end_Bps=bw_end)
+    (out / "decode_kernels.json").write_text(json.dumps(result, indent=1))
+    plot_error = plot(batch_rows or headline, out / "decode_kernels.png")
+    if plot_error:
+        log(plot_error)
+    if batch_rows:
+        log("\nbatch sweep (window 16):\n" + format_table(batch_rows, SWEEP_COLUMNS))
+        log("\nwindow sweep (batch 256, staggered):\n" + format_table(window_rows, SWEEP_COLUMNS))
+    log(f"\n{meta['gpu']}, streaming bandwidth {bw / 1e12:.3f} TB/s; fla: {meta['fla']}")
+    log(f"headline: batch {HEADLINE_BATCH}, window {HEADLINE_WINDOW}, fp32 state, bf16 inputs, us per decode step\n")
+    log(format_table(headline, HEADLINE_COLUMNS))
+    log_file.close()
+
+
+if __name__ == "__main__":
+    main()
