@@ -1,0 +1,355 @@
+"""The replay cache layer: transformers' own linear-attention cache layer, with the recurrent state kept as replay.
+
+A patched model does not need a cache class of its own. The first time a
+patched mixer sees a ``DynamicCache`` (the one ``generate`` builds, or one the
+user passes), the cache is *adopted*: each linear-attention layer that belongs
+to a patched mixer gets its class swapped, in place, for a subclass that mixes
+in :class:`ReplayLayerMixin`. The layer keeps everything transformers gave it
+(the conv window and its past recording, and for "hybrid" layers the
+attention keys and values); the recurrent state lives in a
+:class:`~replayssm.ReplayState` instead of ``recurrent_states``.
+
+What the layer adds:
+
+* ``update_recurrent_state`` (called by the model's own chunked path at
+  prefill) loads the state as the replay checkpoint;
+* decode and verification steps (see the adapters) go through the replay ops;
+  outside past recording a step commits at once;
+* with past recording on (assisted decoding), a step leaves its tokens
+  pending and ``crop(-n)`` rolls back by moving cursors: pending tokens are
+  dropped by ``commit``, tokens committed since the previous crop by a cursor
+  decrement. A step that would fold such tokens into the checkpoint first
+  folds only the ones before the last crop, so a rollback always finds its
+  tokens in the ring; a speculative run longer than the window enlarges the
+  ring (once, up to ``MAX_WINDOW``);
+* ``is_croppable`` is true; ``reorder_cache``, ``batch_select_indices``,
+  ``batch_repeat_interleave`` and ``reset`` act on the replay rows too.
+
+All rows of one cache advance together (generate's batches do), so the ring
+bookkeeping needed for rollback is a handful of host integers per layer; the
+device cursors stay the source of truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from abc import ABC
+
+import torch
+from torch import Tensor
+
+from ... import ops
+from ...config import MAX_WINDOW
+from ...state import ReplayState
+
+try:  # transformers >= 5
+    from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
+except ImportError as exc:  # pragma: no cover - guarded by patch()
+    raise ImportError("replayssm.integrations.hf needs transformers >= 5.17 (LinearAttentionCacheLayerMixin)") from exc
+
+#: In past-recording mode, a prefill keeps its last tokens (up to this many, or
+#: the window if longer) in the ring, pending, so a crop right after the
+#: prefill (assisted decoding verifies its first candidates inside the prompt
+#: forward) can still roll them back.
+PREFILL_ROLLBACK = 24
+
+
+class ReplayLayerMixin(ABC):
+    """Mixed into a cache's linear-attention layer class by :func:`adopt_cache`.
+
+    CPython refuses an in-place class swap when a mixin comes first in the
+    bases, so the swapped class is ``type(name, (transformers_class,),
+    methods of this class)``, registered as a virtual subclass of it; the
+    methods reach the transformers implementation through ``_replay_base``.
+
+    Attributes added to the layer: ``replay`` (the :class:`ReplayState`, made
+    at the first prefill), ``replay_adapter`` (the mixer adapter that owns the
+    layer) and host bookkeeping: ``_pending`` (tokens of the last
+    verification not yet committed), ``_spec`` (tokens committed since the
+    last crop while recording: the ones a crop may still take back) and
+    ``_cursor`` (a mirror of the device cursor, ``None`` when unknown).
+    """
+
+    replay: ReplayState | None
+    replay_adapter: object
+
+    def _replay_init(self, adapter) -> None:
+        self.replay = None
+        self.replay_adapter = adapter
+        self._replay_rows = None
+        self._pending = 0
+        self._spec = 0
+        self._cursor = 0
+        self.rolled_back = 0  # tokens taken back by crops, over the layer's life (for tests and the demo)
+
+    # -- what transformers calls -----------------------------------------------
+
+    def update_recurrent_state(self, recurrent_states: Tensor, state_idx: int = 0, **kwargs) -> Tensor:
+        """Load a state computed by the model's chunked path (a prefill) as the replay checkpoint."""
+        if state_idx != 0:
+            raise ValueError(f"replayssm: a replay layer holds one recurrent state, got state_idx={state_idx}")
+        adapter = self.replay_adapter
+        state = adapter.state_from_hf(recurrent_states)
+        slots = state.shape[0]
+        if self.replay is None or self.replay.slots != slots or self.replay.device != state.device:
+            self._set_state(adapter.new_state(slots, adapter.config, state.device))
+        self.replay.load(None, state)
+        self._pending = 0
+        self._spec = 0
+        self._cursor = 0
+        return recurrent_states
+
+    @property
+    def is_croppable(self) -> bool:
+        return True
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise RuntimeError(
+                "replayssm: a replay cache layer is cropped by a negative count (tokens to remove from the end), "
+                f"got crop({tokens_to_remove})"
+            )
+        self._replay_base.crop(self, tokens_to_remove)  # the conv window (and the attention part of hybrid layers)
+        if self.replay is not None:
+            self._rollback(-tokens_to_remove)
+
+    def reset(self) -> None:
+        self._replay_base.reset(self)
+        if self.replay is not None:
+            self.replay.reset()
+        self._pending = self._spec = self._cursor = 0
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._replay_base.reorder_cache(self, beam_idx)
+        if self.replay is not None:
+            self.replay.reorder(beam_idx.to(self.replay.device))
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self._select_rows(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        slots = self.replay.slots if self.replay is not None else self.conv_states[0].shape[0]
+        self._select_rows(torch.arange(slots).repeat_interleave(repeats))
+
+    def offload(self) -> None:
+        raise NotImplementedError("replayssm: replay cache layers cannot be offloaded (cache_implementation='offloaded')")
+
+    # -- rows ------------------------------------------------------------------------
+
+    def _select_rows(self, indices: Tensor) -> None:
+        if isinstance(self, CacheLayerMixin):  # hybrid layers: the attention keys/values too
+            self._replay_base.batch_select_indices(self, indices)
+        for i, conv in self.conv_states.items():
+            if conv is not None:
+                self.conv_states[i] = conv.index_select(0, indices.to(conv.device))
+        if self.replay is not None:
+            self._set_state(self.replay.select(indices))
+
+    def _set_state(self, state: ReplayState) -> None:
+        self.replay = state
+        self._replay_rows = torch.arange(state.slots, device=state.device)
+
+    @property
+    def replay_rows(self) -> Tensor:
+        """``arange(slots)`` on the state's device, made once (the ops take rows as a tensor)."""
+        return self._replay_rows
+
+    # -- steps -----------------------------------------------------------------------
+
+    def begin_step(self, num_tokens: int) -> bool:
+        """Bookkeeping before a replay step of ``num_tokens`` per row; returns the op's ``commit`` flag.
+
+        Outside past recording this reads no device value (a decode step under
+        torch.compile sees constants only) and the step commits at once.
+        """
+        if self._pending:
+            self._commit_pending(self._pending)
+        if not self.record_past:
+            self._cursor = None
+            return True
+        state = self.replay
+        if self._cursor is None:
+            self._cursor = int(state.cursor[0])
+        need = self._spec + num_tokens
+        if need > state.window:
+            self._grow(need)
+            state = self.replay
+        if self._cursor + num_tokens > state.window and self._cursor > self._spec:
+            self._fold_front(self._cursor - self._spec)
+        if self._cursor + num_tokens > state.window:  # the op folds the (final) committed entries first
+            self._cursor = 0
+        return False
+
+    def end_step(self, num_tokens: int, committed: bool) -> None:
+        if not committed:
+            self._pending = num_tokens
+
+    def _commit_pending(self, accepted: int) -> None:
+        state = self.replay
+        ops.commit(
+            state.cursor,
+            state.pending,
+            self._replay_rows,
+            torch.full((state.slots,), accepted, dtype=torch.int32, device=state.device),
+        )
+        if self._cursor is not None:
+            self._cursor += accepted
+        if self.record_past:
+            self._spec += accepted
+        self._pending = 0
+
+    def _rollback(self, n: int) -> None:
+        """Take the last ``n`` tokens back (``crop(-n)``); afterwards nothing is speculative."""
+        pending = self._pending
+        self.rolled_back += n
+        if n <= pending:
+            self._commit_pending(pending - n)
+        else:
+            self._commit_pending(0)
+            back = n - pending
+            if back > self._spec:
+                raise RuntimeError(
+                    f"replayssm: crop(-{n}) asks to roll back {back} committed tokens, but only {self._spec} were "
+                    "added since the previous crop (or since the prefill, which keeps at most "
+                    f"{max(PREFILL_ROLLBACK, self.replay.window)} tokens rollable); use a larger ReplayConfig.window"
+                )
+            self.replay.cursor.sub_(back)
+            if self._cursor is not None:
+                self._cursor -= back
+        self._spec = 0
+
+    def _fold_front(self, m: int) -> None:
+        """Fold the first ``m`` committed ring entries into the checkpoint; shift the rest to the front."""
+        state, c = self.replay, self._cursor
+        state.cursor.fill_(m)
+        folded = state.materialize()
+        for name, t in state.tensors().items():
+            if name.startswith("ring") and c > m:
+                t[:, : c - m].copy_(t[:, m:c].clone())
+        state.checkpoint.copy_(folded)
+        state.cursor.fill_(c - m)
+        self._cursor = c - m
+
+    def _grow(self, window: int) -> None:
+        if window > MAX_WINDOW:
+            raise ValueError(
+                f"replayssm: a speculative run of {window} tokens exceeds the largest ring ({MAX_WINDOW}); "
+                "draft fewer tokens per verification"
+            )
+        old = self.replay
+        adapter = self.replay_adapter
+        new = adapter.new_state(old.slots, dataclasses.replace(old.config, window=window), old.device)
+        for name, t in old.tensors().items():
+            dst = getattr(new, name)
+            if name.startswith("ring"):
+                dst[:, : old.window].copy_(t)
+            else:
+                dst.copy_(t)
+        self._set_state(new)
+
+    def materialize_hf(self) -> Tensor:
+        """The exact committed state in transformers' layout (for the chunked fallback)."""
+        if self._pending:
+            self._commit_pending(self._pending)
+        return self.replay_adapter.state_to_hf(self.replay.materialize())
+
+
+class _InertLayerMixin(ABC):
+    """For linear-attention layers no mixer writes (5.17 maps "moe"/"mlp" layers to them): crop is a no-op."""
+
+    @property
+    def is_croppable(self) -> bool:
+        return True
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if any(v is not None for v in self.conv_states.values()):
+            self._replay_base.crop(self, tokens_to_remove)
+
+
+_CLASS_CACHE: dict[tuple[type, type], type] = {}
+_NOT_COPIED = {"__dict__", "__weakref__", "__module__", "__doc__", "__slots__", "_abc_impl", "__abstractmethods__"}
+
+
+def _swapped(mixin: type, base: type) -> type:
+    """The subclass of a transformers layer class with ``mixin`` in front (made once per pair)."""
+    key = (mixin, base)
+    if key not in _CLASS_CACHE:
+        prefix = "Replay" if mixin is ReplayLayerMixin else "Inert"
+        methods = {k: v for k, v in vars(mixin).items() if k not in _NOT_COPIED}
+        swapped = type(prefix + base.__name__, (base,), {**methods, "_replay_base": base, "__module__": __name__})
+        mixin.register(swapped)
+        _CLASS_CACHE[key] = swapped
+    return _CLASS_CACHE[key]
+
+
+def _cache_layers(cache) -> list:
+    layers = getattr(cache, "layers", None)
+    if layers is None and hasattr(cache, "self_attention_cache"):
+        layers = cache.self_attention_cache.layers
+    if layers is None:
+        raise TypeError(f"replayssm: expected a transformers Cache (e.g. DynamicCache(config=...)), got {type(cache).__name__}")
+    return layers
+
+
+def adopt_cache(cache, context) -> None:
+    """Make ``cache`` serve the patched model of ``context``: swap its linear layers to replay layers.
+
+    Checks, before changing anything, that the cache was built for this model
+    (layer count, layer kinds, conv shapes) and not adopted by another patched
+    model. A layer that already holds a state computed without replay (the
+    cache was used by the unpatched model) has that state loaded as its
+    checkpoint.
+    """
+    owner = getattr(cache, "_replayssm_owner", None)
+    if owner is not None and owner() is context:
+        return
+    if owner is not None and owner() is not None:
+        raise ValueError(
+            "replayssm: this cache is in use by another patched model; build one cache per model "
+            "(DynamicCache(config=model.config)) or let generate() build it"
+        )
+    layers = _cache_layers(cache)
+    n_expected = context.num_layers
+    if n_expected is not None and len(layers) != n_expected:
+        raise ValueError(
+            f"replayssm: the cache has {len(layers)} layers but {context.model_name} has {n_expected}: "
+            "it was built for another model; use DynamicCache(config=model.config)"
+        )
+    plan = []
+    for idx, adapter in context.adapters.items():
+        if idx >= len(layers):
+            raise ValueError(
+                f"replayssm: the cache has no layer {idx} (it has {len(layers)}); it was built for another model or "
+                "without a config: use DynamicCache(config=model.config)"
+            )
+        layer = layers[idx]
+        if not isinstance(layer, LinearAttentionCacheLayerMixin):
+            raise ValueError(
+                f"replayssm: cache layer {idx} is a {type(layer).__name__}, but {context.model_name} has a "
+                f"{type(adapter.mixer).__name__} there; the cache was built for another model or without a config: "
+                "use DynamicCache(config=model.config)"
+            )
+        if isinstance(layer, ReplayLayerMixin) and layer.replay_adapter is not adapter:
+            if layer.replay_adapter.geometry != adapter.geometry:
+                raise ValueError(f"replayssm: cache layer {idx} holds a replay state of another model")
+        adapter.check_cache_layer(layer, idx)
+        plan.append((idx, layer, adapter))
+    # Everything checked: now change the layers.
+    for idx, layer, adapter in plan:
+        if isinstance(layer, ReplayLayerMixin):
+            layer.replay_adapter = adapter
+            continue
+        existing = layer.recurrent_states.get(0) if layer.has_previous_state.get(0) else None
+        layer.__class__ = _swapped(ReplayLayerMixin, type(layer))
+        layer._replay_init(adapter)
+        if existing is not None:
+            layer.recurrent_states[0] = None
+            layer.is_recurrent_states_initialized[0] = False
+            layer.update_recurrent_state(existing)
+    for idx, layer in enumerate(layers):
+        if idx in context.adapters or isinstance(layer, (ReplayLayerMixin, _InertLayerMixin)):
+            continue
+        if isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin):
+            layer.__class__ = _swapped(_InertLayerMixin, type(layer))
+    cache._replayssm_owner = weakref.ref(context)

@@ -1,0 +1,114 @@
+"""Adapter for the Gated DeltaNet mixers (qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid).
+
+All share: projections give q, k, v (through a causal conv), a gate z, and
+per-value-head ``b`` (beta = sigmoid(b)) and ``a`` (log-decay
+``g = -exp(A_log) * softplus(a + dt_bias)``); the delta rule with
+l2-normalised q and k; a gated RMSNorm per value head; an output projection.
+They differ in how the projections are packed, which the ``project`` hook
+of each variant undoes with the mixer's own layers.
+
+Transformers keeps the state as ``(batch, value_heads, key_dim, value_dim)``;
+the replay checkpoint is ``(slots, value_heads, value_dim, key_dim)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ... import ops
+from ...config import ReplayConfig
+from ...state import GDNGeometry, GDNReplayState
+from .base import MixerAdapter, mask_padding
+
+#: project(mixer, hidden_states) -> (qkv columns (batch, conv_dim, T), z (batch, T, value_dim), b, a (batch, T, value_heads))
+Projection = Callable[[nn.Module, Tensor], tuple[Tensor, Tensor, Tensor, Tensor]]
+
+
+def _qwen3_next_projection(mixer: nn.Module, h: Tensor):
+    q, k, v, z, b, a = mixer.fix_query_key_value_ordering(mixer.in_proj_qkvz(h), mixer.in_proj_ba(h))
+    qkv = torch.cat([t.reshape(t.shape[0], t.shape[1], -1) for t in (q, k, v)], dim=-1)
+    return qkv.transpose(1, 2), z, b, a
+
+
+def _qwen3_5_projection(mixer: nn.Module, h: Tensor):
+    return mixer.in_proj_qkv(h).transpose(1, 2), mixer.in_proj_z(h), mixer.in_proj_b(h), mixer.in_proj_a(h)
+
+
+def _olmo_hybrid_projection(mixer: nn.Module, h: Tensor):
+    qkv = torch.cat([mixer.q_proj(h), mixer.k_proj(h), mixer.v_proj(h)], dim=-1)
+    return qkv.transpose(1, 2), mixer.g_proj(h), mixer.b_proj(h), mixer.a_proj(h)
+
+
+@dataclass(frozen=True)
+class GDNVariant:
+    project: Projection
+    norm: str = "norm"
+    out_proj: str = "out_proj"
+    #: beta scale: OlmoHybrid's ``allow_neg_eigval`` doubles beta (range (0, 2))
+    beta_scale: Callable[[nn.Module], float] = lambda mixer: 1.0
+
+
+QWEN3_NEXT = GDNVariant(project=_qwen3_next_projection)
+QWEN3_5 = GDNVariant(project=_qwen3_5_projection)
+OLMO_HYBRID = GDNVariant(
+    project=_olmo_hybrid_projection,
+    norm="o_norm",
+    out_proj="o_proj",
+    beta_scale=lambda mixer: 2.0 if mixer.allow_neg_eigval else 1.0,
+)
+
+
+class GDNAdapter(MixerAdapter):
+    family = "gdn"
+
+    def __init__(self, mixer: nn.Module, config: ReplayConfig, context, variant: GDNVariant):
+        super().__init__(mixer, config, context)
+        self.variant = variant
+        self.beta_scale = variant.beta_scale(mixer)
+        self.norm = getattr(mixer, variant.norm)
+        self.out_proj = getattr(mixer, variant.out_proj)
+        self.geometry = GDNGeometry(
+            key_heads=mixer.num_k_heads, value_heads=mixer.num_v_heads, key_dim=mixer.head_k_dim, value_dim=mixer.head_v_dim
+        )
+
+    def new_state(self, slots: int, config: ReplayConfig, device: torch.device) -> GDNReplayState:
+        return GDNReplayState(self.geometry, slots, config, device)
+
+    def state_from_hf(self, state: Tensor) -> Tensor:
+        return state.transpose(-1, -2)
+
+    def state_to_hf(self, state: Tensor) -> Tensor:
+        return state.transpose(-1, -2).contiguous()
+
+    def replay(self, hidden_states: Tensor, layer, attention_mask, commit: bool) -> Tensor:
+        m, g = self.mixer, self.geometry
+        batch, num_tokens, _ = hidden_states.shape
+        h = mask_padding(hidden_states, attention_mask)
+        qkv, z, b, a = self.variant.project(m, h)
+        qkv = self.conv(layer, qkv)
+        key_dim, value_dim = g.key_heads * g.key_dim, g.value_heads * g.value_dim
+        q, k, v = qkv.split([key_dim, key_dim, value_dim], dim=-1)
+        beta = b.sigmoid()
+        if self.beta_scale != 1.0:
+            beta = beta * self.beta_scale
+        log_decay = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias)
+        state = layer.replay
+        o = ops.gdn_step(
+            q.reshape(batch, num_tokens, g.key_heads, g.key_dim),
+            k.reshape(batch, num_tokens, g.key_heads, g.key_dim),
+            v.reshape(batch, num_tokens, g.value_heads, g.value_dim),
+            log_decay,
+            beta,
+            state.checkpoint, state.ring_k, state.ring_d, state.ring_g, state.cursor, state.pending,
+            layer.replay_rows,
+            commit,
+            True,
+            None,
+        )  # fmt: skip
+        o = self.norm(o.reshape(-1, g.value_dim), z.reshape(-1, g.value_dim))
+        return self.out_proj(o.reshape(batch, num_tokens, -1))

@@ -1,0 +1,156 @@
+"""``patch(model, config)`` and ``unpatch(model)``.
+
+Patching is per instance: each recognised mixer gets an instance attribute
+``forward`` (its adapter's routed forward) and ``_replayssm`` (the adapter);
+the model gets ``_replayssm`` (the patch context) and ``_is_stateful =
+False`` (an instance attribute shadowing the class flag that makes
+``generate`` refuse assisted decoding; the replay cache layer can roll back).
+No class and no module global of transformers is changed, no parameter or
+buffer is added, so ``state_dict``/``save_pretrained`` are unaffected.
+``unpatch`` deletes exactly those attributes.
+
+Every check runs, and every adapter is built, before the first attribute is
+set: a failing patch leaves the model untouched.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ...config import ReplayConfig
+from .registry import SUPPORTED_MODEL_TYPES, handler_for, mixer_like
+
+_MISSING = object()
+
+
+class PatchContext:
+    """What one patch of one model shares: the config and the adapters by cache layer index."""
+
+    def __init__(self, model: nn.Module, config: ReplayConfig):
+        self.config = config
+        self.model_name = type(model).__name__
+        self.adapters: dict[int, object] = {}
+        self.num_layers = _cache_layer_count(model)
+        self.saved_is_stateful = model.__dict__.get("_is_stateful", _MISSING)
+
+    def __repr__(self) -> str:
+        families = sorted({a.family for a in self.adapters.values()})
+        return f"ReplayPatch({self.model_name}, {len(self.adapters)} mixers ({', '.join(families)}), {self.config})"
+
+
+def _cache_layer_count(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    try:
+        from transformers.cache_utils import DynamicCache
+
+        return len(DynamicCache(config=config.get_text_config(decoder=True)).layers) or None
+    except Exception:  # noqa: BLE001 - a config the cache cannot read: skip the layer-count check
+        return None
+
+
+def _model_type(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", None) or type(model).__name__
+
+
+def patch(model: nn.Module, config: ReplayConfig | None = None) -> nn.Module:
+    """Decode ``model``'s Mamba-2 / Gated DeltaNet mixers through replay state; returns ``model`` (patched in place).
+
+    Args:
+        model: a transformers model (any head) whose mixers are among the
+            supported families; see ``SUPPORTED_MODEL_TYPES``.
+        config: window and dtypes of the replay state (``ReplayConfig()`` by
+            default). Patching an already patched model re-patches it with
+            the new config.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` or ``config`` not a ``ReplayConfig``.
+        ValueError: no supported mixer, mixers replaced by hub kernels or
+            another patch, or weights on the meta device. Nothing is changed.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"replayssm.patch: model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
+    if config is None:
+        config = ReplayConfig()
+    if not isinstance(config, ReplayConfig):
+        raise TypeError(f"replayssm.patch: config must be a replayssm.ReplayConfig, got {type(config).__name__}")
+    if getattr(model, "use_kernels", False) is True:
+        raise ValueError(
+            "replayssm.patch: this model was loaded with use_kernels=True: hub kernels replace the SSM mixers' "
+            "forward, which replay would bypass; load it without use_kernels"
+        )
+    if isinstance(model.__dict__.get("_replayssm"), PatchContext):
+        unpatch(model)
+
+    mixers = []
+    for name, module in model.named_modules():
+        handler = handler_for(module)
+        if handler is None:
+            if mixer_like(module):
+                raise ValueError(
+                    f"replayssm.patch: {name} is a {type(module).__module__}.{type(module).__name__}, not a transformers "
+                    "mixer replayssm knows (replaced by hub kernels?); nothing was patched"
+                )
+            continue
+        if "forward" in module.__dict__:
+            raise ValueError(
+                f"replayssm.patch: {name} ({type(module).__name__}) already has its forward replaced on the instance "
+                "(hub kernels or another patch); nothing was patched"
+            )
+        mixers.append((name, module, handler))
+    if not mixers:
+        raise ValueError(
+            f"replayssm.patch: {type(model).__name__} (model_type {_model_type(model)!r}) has no supported "
+            f"Mamba-2 or Gated DeltaNet mixer; supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if tensor.device.type == "meta":
+            raise ValueError(
+                f"replayssm.patch: {name} is on the meta device; load or materialise the weights "
+                "(e.g. model.to_empty(...) and load a state dict) before patching"
+            )
+
+    context = PatchContext(model, config)
+    for name, module, handler in mixers:
+        layer_idx = getattr(module, "layer_idx", None)
+        if not isinstance(layer_idx, int):
+            raise ValueError(f"replayssm.patch: {name} has no integer layer_idx; cannot find its cache layer")
+        if layer_idx in context.adapters:
+            raise ValueError(f"replayssm.patch: {name} shares cache layer {layer_idx} with another mixer")
+        if context.num_layers is not None and layer_idx >= context.num_layers:
+            raise ValueError(f"replayssm.patch: {name} has layer_idx {layer_idx}, beyond the {context.num_layers} cache layers")
+        context.adapters[layer_idx] = handler.build(module, config, context)
+
+    # All checked and built: apply.
+    for adapter in context.adapters.values():
+        adapter.mixer.forward = adapter.forward
+        adapter.mixer._replayssm = adapter
+    model._replayssm = context
+    model._is_stateful = False
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Undo :func:`patch`: remove every attribute it set; returns ``model``. A no-op on an unpatched model."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"replayssm.unpatch: model must be a torch.nn.Module, got {type(model).__name__}")
+    context = model.__dict__.get("_replayssm")
+    if not isinstance(context, PatchContext):
+        return model
+    for adapter in context.adapters.values():
+        mixer = adapter.mixer
+        if mixer.__dict__.get("forward") == adapter.forward:
+            del mixer.forward
+        mixer.__dict__.pop("_replayssm", None)
+    del model._replayssm
+    if context.saved_is_stateful is _MISSING:
+        model.__dict__.pop("_is_stateful", None)
+    else:
+        model._is_stateful = context.saved_is_stateful
+    return model
+
+
+def is_patched(model: nn.Module) -> bool:
+    return isinstance(getattr(model, "__dict__", {}).get("_replayssm"), PatchContext)

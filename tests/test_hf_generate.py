@@ -1,0 +1,93 @@
+"""Patched generate() against unpatched generate(), for every supported model type (tiny random fp32 models).
+
+Greedy decoding must give the same tokens and logits within 1e-4, for one
+prompt and for a left-padded batch of three, over more new tokens than two
+ring windows (window 4, 10 new tokens: every row folds its ring twice).
+Sampling (same seed) and beam search are checked on one model per family.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import replayssm  # noqa: E402
+from replayssm.integrations.hf import testing  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+WINDOW = 4
+NEW_TOKENS = 10  # > 2 windows
+ATOL = 1e-4
+
+
+def _greedy(model, ids, mask):
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    return out.sequences, torch.stack(out.logits, dim=1)
+
+
+@pytest.mark.parametrize("model_type", testing.MODEL_TYPES)
+def test_greedy_matches_unpatched(model_type):
+    model = testing.tiny_model(model_type)
+    single = (torch.tensor([[5, 17, 33, 8, 61, 12, 40, 7, 22]]), None)
+    batch = testing.left_padded_prompts()
+    expected = [_greedy(model, *prompt) for prompt in (single, batch)]
+
+    replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW))
+    for (ids, mask), (ref_tokens, ref_logits) in zip((single, batch), expected):
+        tokens, logits = _greedy(model, ids, mask)
+        assert tokens.shape == ref_tokens.shape
+        assert torch.equal(tokens, ref_tokens), f"{model_type}: batch {ids.shape[0]} tokens differ"
+        torch.testing.assert_close(logits, ref_logits, atol=ATOL, rtol=0)
+
+
+def _replay_layers(cache):
+    from replayssm.integrations.hf import ReplayLayerMixin
+
+    return [layer for layer in cache.layers if isinstance(layer, ReplayLayerMixin)]
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5"])
+def test_generate_uses_replay_state(model_type):
+    model = replayssm.patch(testing.tiny_model(model_type), replayssm.ReplayConfig(window=WINDOW))
+    ids = torch.tensor([[5, 17, 33, 8, 61, 12, 40, 7, 22]])
+    out = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
+    layers = _replay_layers(testing.output_cache(out))
+    assert layers, "no replay layer in the generate cache"
+    for layer in layers:
+        assert layer.replay.window == WINDOW
+        # prefill loads the checkpoint; NEW_TOKENS - 1 decode steps follow, each committed
+        assert int(layer.replay.cursor[0]) == (NEW_TOKENS - 1 - 1) % WINDOW + 1
+        assert int(layer.replay.pending[0]) == 0
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5", "falcon_h1"])
+def test_sampling_matches_unpatched(model_type):
+    model = testing.tiny_model(model_type)
+    ids, mask = testing.left_padded_prompts()
+    kwargs = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=True, top_k=0, temperature=1.3)
+    torch.manual_seed(123)
+    expected = model.generate(ids, **kwargs)
+    replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW))
+    torch.manual_seed(123)
+    got = model.generate(ids, **kwargs)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5", "zamba2"])
+def test_beam_search_matches_unpatched(model_type):
+    model = testing.tiny_model(model_type)
+    ids, mask = testing.left_padded_prompts(lengths=(7, 5))
+    kwargs = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, num_beams=3, do_sample=False, num_return_sequences=2)
+    expected = model.generate(ids, **kwargs)
+    replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW))
+    got = model.generate(ids, **kwargs)
+    assert torch.equal(got, expected)
