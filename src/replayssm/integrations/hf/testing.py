@@ -7,6 +7,8 @@ layer patterns with attention, and a conv window of 4.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 VOCAB = 96
@@ -90,7 +92,7 @@ def tiny_config(model_type: str, **overrides):
 
     if model_type not in TINY_CONFIGS:
         raise ValueError(f"no tiny config for {model_type!r}; known: {', '.join(MODEL_TYPES)}")
-    kwargs = {**_COMMON, **TINY_CONFIGS[model_type], **overrides}
+    kwargs = copy.deepcopy({**_COMMON, **TINY_CONFIGS[model_type], **overrides})  # configs may edit lists in place
     config = AutoConfig.for_model(model_type, **kwargs)
     text = config.get_text_config(decoder=True)
     if text is not config:  # multimodal wrappers (qwen3_5): the settings belong to the text model
