@@ -1,0 +1,297 @@
+"""What both layer adapters share: settings, start-up checks, the decode conv, batch layout.
+
+The decode part of a vLLM step (single-token decoding, or speculative
+verification of 1 + K tokens per row) is run by the replayssm ops; the
+prefill part is handed to vLLM's own code with a prefill-only copy of the
+batch metadata, and the state it writes becomes the row's checkpoint.
+
+State per layer: the checkpoint **is** vLLM's own recurrent-state tensor
+(``kv_cache[1]``: it is written by prefills and by replay flushes only); the
+ring and the per-slot cursors are persistent tensors allocated when vLLM
+binds the cache, sized by its number of state slots.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ... import ops
+from ...config import MAX_WINDOW, ReplayConfig
+
+ENABLE_ENV = "REPLAYSSM_VLLM"
+WINDOW_ENV = "REPLAYSSM_VLLM_WINDOW"
+DEFAULT_WINDOW = 16
+
+#: How often the adapters ran: tests check that the plugin's layers are used.
+COUNTS: collections.Counter = collections.Counter()
+
+
+class ReplayConfigError(ValueError):
+    """A vLLM configuration the adapter cannot honour; raised at start-up."""
+
+
+def enabled() -> bool:
+    """The switch: ``REPLAYSSM_VLLM=1`` (also ``true``, ``on``, ``yes``) turns the plugin on."""
+    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def window_from_env() -> int:
+    raw = os.environ.get(WINDOW_ENV, "").strip()
+    if not raw:
+        return DEFAULT_WINDOW
+    try:
+        window = int(raw)
+    except ValueError:
+        raise ReplayConfigError(f"{WINDOW_ENV} must be an integer in [1, {MAX_WINDOW}], got {raw!r}") from None
+    if not 1 <= window <= MAX_WINDOW:
+        raise ReplayConfigError(f"{WINDOW_ENV} must be in [1, {MAX_WINDOW}], got {window}")
+    return window
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The adapter's choices for one layer, checked against the vLLM config at construction."""
+
+    window: int
+    num_spec: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens a decode row carries per step: 1, or 1 + K when verifying K drafts."""
+        return 1 + self.num_spec
+
+
+def settings_for(vllm_config, num_spec: int, layer: str) -> Settings:
+    """Check the vLLM configuration for ``layer`` and return the settings (start-up errors here)."""
+    cache = vllm_config.cache_config
+    mode = getattr(cache, "mamba_cache_mode", "none")
+    if mode != "none":
+        raise ReplayConfigError(
+            f"replayssm vLLM adapter ({layer}): prefix caching of Mamba/GDN states (mamba_cache_mode={mode!r}) "
+            "is not supported: vLLM would cache the replay checkpoint, not the current state. "
+            "Start vLLM with --no-enable-prefix-caching (LLM(..., enable_prefix_caching=False)), or unset REPLAYSSM_VLLM."
+        )
+    if getattr(cache, "use_replayssm", False):
+        raise ReplayConfigError(
+            f"replayssm vLLM adapter ({layer}): vLLM's built-in --use-replayssm is on as well; use one or the other."
+        )
+    window = window_from_env()
+    if 1 + num_spec > window:
+        raise ReplayConfigError(
+            f"replayssm vLLM adapter ({layer}): window {window} is too small for speculative decoding with "
+            f"num_speculative_tokens={num_spec}: a verification step carries {1 + num_spec} tokens, so set "
+            f"{WINDOW_ENV} >= {1 + num_spec}."
+        )
+    ReplayConfig(window=window)  # the library's own validation
+    return Settings(window=window, num_spec=num_spec)
+
+
+class ReplayLayerMixin:
+    """What both layer subclasses add to vLLM's layer: settings, cache spec, ring allocation.
+
+    Put first in the bases, before the vLLM layer class.
+    """
+
+    replay: Settings
+    replay_ring: dict[str, Tensor]
+
+    def _init_replay(self, num_spec: int, prefix: str, family: str) -> None:
+        from vllm.config import get_current_vllm_config
+
+        self.replay = settings_for(get_current_vllm_config(), num_spec, prefix)
+        self.replay_ring = {}
+        count(f"{family}_layers")
+
+    def get_kv_cache_spec(self, vllm_config):
+        spec = super().get_kv_cache_spec(vllm_config)
+        if spec is not None and getattr(spec, "num_speculative_blocks", 0):
+            # Verification reads one checkpoint and keeps drafts in the ring:
+            # stock vLLM's 1 + K state slots per request are not needed.
+            spec = dataclasses.replace(spec, num_speculative_blocks=0)
+        return spec
+
+    def _bind_ring(self, layouts: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+        """Allocate the ring tensors (``name -> (shape after slots and window, dtype)``) and the cursors."""
+        ssm = self.kv_cache[1]
+        slots, L, dev = ssm.shape[0], self.replay.window, ssm.device
+        ring = {name: torch.zeros((slots, L) + shape, dtype=dtype, device=dev) for name, (shape, dtype) in layouts.items()}
+        ring["cursor"] = torch.zeros(slots, dtype=torch.int32, device=dev)
+        ring["pending"] = torch.zeros(slots, dtype=torch.int32, device=dev)
+        self.replay_ring = ring
+        count("ring_bytes", sum(t.numel() * t.element_size() for t in ring.values()))
+
+
+# ---------------------------------------------------------------------------
+# Batch layout
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class DecodeRows:
+    """The decode rows of a step: their slots and how their tokens sit in the flat token axis.
+
+    Speculative rows carry up to ``T = 1 + K`` tokens; they are padded to
+    exactly ``T`` per row (zeros after the real tokens) so that every row has
+    the same length for the ops and the conv window keeps a fixed layout.
+    Padded entries land in the ring as pending and are never committed.
+    """
+
+    slots: Tensor  # (n,) int64
+    T: int
+    token_index: Tensor | None  # (num_tokens,) positions in the padded (n*T) axis; None when T == 1
+    accepted: Tensor | None  # (n,) accepted counts of the previous verification (spec only)
+
+    @property
+    def n(self) -> int:
+        return self.slots.shape[0]
+
+    def pad(self, x: Tensor) -> Tensor:
+        """(num_tokens, ...) -> (n, T, ...) with zeros in the padding."""
+        if self.token_index is None:
+            return x.reshape(self.n, 1, *x.shape[1:])
+        out = x.new_zeros((self.n * self.T,) + tuple(x.shape[1:]))
+        out.index_copy_(0, self.token_index, x)
+        return out.view(self.n, self.T, *x.shape[1:])
+
+    def unpad(self, y: Tensor) -> Tensor:
+        """(n, T, ...) -> (num_tokens, ...)."""
+        flat = y.reshape(self.n * self.T, *y.shape[2:])
+        return flat if self.token_index is None else flat.index_select(0, self.token_index)
+
+
+def spec_rows(slots: Tensor, query_start_loc: Tensor, num_tokens: int, T: int, accepted: Tensor) -> DecodeRows:
+    """Rows of a verification step: ``query_start_loc`` (n + 1,) over ``num_tokens`` flat tokens."""
+    n = slots.shape[0]
+    qsl = query_start_loc[: n + 1].long()
+    lengths = qsl[1:] - qsl[:-1]
+    row = torch.repeat_interleave(torch.arange(n, device=slots.device), lengths, output_size=num_tokens)
+    token_index = row * T + (torch.arange(num_tokens, device=slots.device) - qsl[:-1][row])
+    return DecodeRows(slots=slots.long(), T=T, token_index=token_index, accepted=accepted[:n])
+
+
+# ---------------------------------------------------------------------------
+# The decode conv, with rollback
+# ---------------------------------------------------------------------------
+
+
+def commit_previous(rows: DecodeRows, cursor: Tensor, pending: Tensor) -> Tensor:
+    """Commit the previous verification of ``rows`` and return each row's conv-window offset.
+
+    vLLM's ``num_accepted_tokens`` counts the tokens of the row's previous
+    verification that are part of the sequence (the bonus token included, so
+    >= 1). A row whose previous step was a prefill has nothing pending, and
+    commits 0. The conv buffer of a verifying row holds
+    ``[w_2 .. w_{W-1}, x_1 .. x_T]``; after ``a`` accepted tokens the window
+    ends at ``x_a``, i.e. starts at offset ``max(a - 1, 0)``.
+    """
+    if rows.accepted is None:
+        return torch.zeros_like(rows.slots)
+    accepted = torch.minimum(rows.accepted.to(pending.dtype), pending[rows.slots])
+    ops.commit(cursor, pending, rows.slots, accepted)
+    return (accepted.long() - 1).clamp(min=0)
+
+
+def conv_decode(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    activation: str | None,
+    rows: DecodeRows,
+    offset: Tensor,
+) -> Tensor:
+    """Depthwise causal conv of the decode tokens; updates the rows' conv buffers.
+
+    ``x`` (n, T, dim); ``conv_state`` (slots, dim, S) with S = W - 1 (+ K with
+    speculative decoding); ``weight`` (dim, W). The window for row b is
+    ``conv_state[slot, :, offset[b] : offset[b] + W - 1]``; afterwards the
+    buffer holds the last S columns of ``[window, x]``.
+    """
+    n, T, dim = x.shape
+    width = weight.shape[-1]
+    S = conv_state.shape[-1]
+    buf = conv_state.index_select(0, rows.slots)  # (n, dim, S)
+    cols = offset.view(n, 1, 1) + torch.arange(width - 1, device=x.device).view(1, 1, -1)
+    window = buf.gather(2, cols.expand(n, dim, width - 1))
+    full = torch.cat([window, x.transpose(1, 2).to(buf.dtype)], dim=-1)  # (n, dim, W-1+T)
+    out = F.conv1d(full.reshape(1, n * dim, -1).to(weight.dtype), weight.repeat(n, 1).unsqueeze(1),
+                   None if bias is None else bias.repeat(n), groups=n * dim)  # fmt: skip
+    out = out.view(n, dim, T)
+    if activation in ("silu", "swish"):
+        out = F.silu(out)
+    conv_state.index_copy_(0, rows.slots, full[..., -S:].to(conv_state.dtype))
+    return out.transpose(1, 2).to(x.dtype)
+
+
+def conv_state_dim_last(conv: Tensor, dim_first: bool) -> Tensor:
+    """vLLM's conv cache as (slots, dim, S) whichever layout it is stored in."""
+    return conv if dim_first else conv.transpose(-1, -2)
+
+
+# ---------------------------------------------------------------------------
+# Handing the prefill to vLLM
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def swapped_metadata(prefix: str, metadata):
+    """Within the block, vLLM code that reads this layer's attention metadata sees ``metadata``."""
+    from vllm.forward_context import get_forward_context
+
+    table = get_forward_context().attn_metadata
+    old = table[prefix]
+    table[prefix] = metadata
+    try:
+        yield
+    finally:
+        table[prefix] = old
+
+
+def replace(metadata, **changes):
+    return dataclasses.replace(metadata, **changes)
+
+
+def fold_before_prefill(materialize, checkpoint_rows_setter, slots: Tensor, has_initial: Tensor | None, pending: Tensor) -> None:
+    """Make vLLM's state tensor hold the exact state of prefill rows that resume from a prior state.
+
+    A prefill chunk with an initial state reads vLLM's state tensor, which
+    holds the checkpoint; rows whose ring holds committed entries are folded
+    first. A row with an unconfirmed verification cannot be resumed (its
+    accepted count is not known here): that fails loudly.
+    """
+    if has_initial is None or slots.numel() == 0:
+        return
+    resumed = slots[has_initial.to(torch.bool)]
+    if resumed.numel() == 0:
+        return
+    if bool((pending[resumed] > 0).any()):
+        raise RuntimeError(
+            "replayssm vLLM adapter: a request resumed as a prefill right after an unconfirmed speculative "
+            "verification; its accepted count is unknown here. This scheduling is not supported."
+        )
+    checkpoint_rows_setter(resumed, materialize(resumed))
+
+
+def count(key: str, n: int = 1) -> None:
+    COUNTS[key] += n
+
+
+_SEEN_SLOTS: dict[str, set[int]] = {}
+
+
+def note_prefill_slots(layer: str, slots: Tensor) -> None:
+    """Count prefills that land in a slot an earlier request of ``layer`` used (CPU only: a host read)."""
+    if slots.device.type != "cpu":
+        return
+    seen = _SEEN_SLOTS.setdefault(layer, set())
+    values = slots.tolist()
+    COUNTS["prefill_slot_reuse"] += sum(v in seen for v in values)
+    seen.update(values)
