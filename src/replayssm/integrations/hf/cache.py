@@ -110,6 +110,8 @@ class ReplayLayerMixin(ABC):
                 "replayssm: a replay cache layer is cropped by a negative count (tokens to remove from the end), "
                 f"got crop({tokens_to_remove})"
             )
+        if self.replay is not None and self.record_past:
+            self._check_rollback(-tokens_to_remove)  # before anything moves: a refused crop changes nothing
         self._replay_base.crop(self, tokens_to_remove)  # the conv window (and the attention part of hybrid layers)
         if self.replay is not None:
             self._rollback(-tokens_to_remove)
@@ -199,21 +201,24 @@ class ReplayLayerMixin(ABC):
             self._spec += accepted
         self._pending = 0
 
+    def _check_rollback(self, n: int) -> int:
+        """How many committed tokens ``crop(-n)`` takes back; raises if the ring no longer holds them."""
+        back = max(n - self._pending, 0)
+        if back > self._spec:
+            raise RuntimeError(
+                f"replayssm: crop(-{n}) asks to roll back {back} committed tokens, but only {self._spec} were "
+                "added since the previous crop (or since the prefill, which keeps at most "
+                f"{max(PREFILL_ROLLBACK, self.replay.window)} tokens rollable); use a larger ReplayConfig.window"
+            )
+        return back
+
     def _rollback(self, n: int) -> None:
         """Take the last ``n`` tokens back (``crop(-n)``); afterwards nothing is speculative."""
         pending = self._pending
+        back = self._check_rollback(n)
         self.rolled_back += n
-        if n <= pending:
-            self._commit_pending(pending - n)
-        else:
-            self._commit_pending(0)
-            back = n - pending
-            if back > self._spec:
-                raise RuntimeError(
-                    f"replayssm: crop(-{n}) asks to roll back {back} committed tokens, but only {self._spec} were "
-                    "added since the previous crop (or since the prefill, which keeps at most "
-                    f"{max(PREFILL_ROLLBACK, self.replay.window)} tokens rollable); use a larger ReplayConfig.window"
-                )
+        self._commit_pending(pending - min(n, pending))
+        if back:
             self.replay.cursor.sub_(back)
             if self._cursor is not None:
                 self._cursor -= back
@@ -265,6 +270,12 @@ class _InertLayerMixin(ABC):
     def crop(self, tokens_to_remove: int) -> None:
         if any(v is not None for v in self.conv_states.values()):
             self._replay_base.crop(self, tokens_to_remove)
+
+    def batch_select_indices(self, indices) -> None:
+        pass
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        pass
 
 
 _CLASS_CACHE: dict[tuple[type, type], type] = {}
