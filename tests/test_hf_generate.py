@@ -91,3 +91,19 @@ def test_beam_search_matches_unpatched(model_type):
     replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW))
     got = model.generate(ids, **kwargs)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5", "falcon_h1", "olmo_hybrid"])
+def test_conventional_step_matches_unpatched(model_type):
+    """step='conventional' (the benchmarks' baseline) decodes through the conventional replayssm op."""
+    model = testing.tiny_model(model_type)
+    batch = testing.left_padded_prompts()
+    ref_tokens, ref_logits = _greedy(model, *batch)
+    replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW), step="conventional")
+    tokens, logits = _greedy(model, *batch)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="stateful"):  # no rollback: transformers' refusal stays
+        model.generate(batch[0][:1], max_new_tokens=3, prompt_lookup_num_tokens=2)
+    with pytest.raises(ValueError, match="step must be one of"):
+        replayssm.patch(model, step="fast")

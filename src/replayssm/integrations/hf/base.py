@@ -51,6 +51,8 @@ class MixerAdapter:
         self.activation_dtype = next(mixer.parameters()).dtype
         self.conv_kernel = mixer.conv1d.kernel_size[0]
         self.act = ACT2FN[mixer.activation]
+        #: decode through the conventional op (the benchmark baseline) instead of replay
+        self.conventional = context.step == "conventional"
 
     # -- layout -------------------------------------------------------------------------
 

@@ -102,9 +102,11 @@ class ReplayLayerMixin(ABC):
 
     @property
     def is_croppable(self) -> bool:
-        return True
+        return self.replay_adapter.context.step == "replay"
 
     def crop(self, tokens_to_remove: int) -> None:
+        if not self.is_croppable:
+            raise RuntimeError("replayssm: a model patched with step='conventional' cannot roll back (crop)")
         if tokens_to_remove > 0:
             raise RuntimeError(
                 "replayssm: a replay cache layer is cropped by a negative count (tokens to remove from the end), "

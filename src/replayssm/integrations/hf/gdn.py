@@ -98,17 +98,16 @@ class GDNAdapter(MixerAdapter):
             beta = beta * self.beta_scale
         log_decay = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias)
         state = layer.replay
-        o = ops.gdn_step(
-            q.reshape(batch, num_tokens, g.key_heads, g.key_dim),
-            k.reshape(batch, num_tokens, g.key_heads, g.key_dim),
-            v.reshape(batch, num_tokens, g.value_heads, g.value_dim),
-            log_decay,
-            beta,
-            state.checkpoint, state.ring_k, state.ring_d, state.ring_g, state.cursor, state.pending,
-            layer.replay_rows,
-            commit,
-            True,
-            None,
-        )  # fmt: skip
+        q = q.reshape(batch, num_tokens, g.key_heads, g.key_dim)
+        k = k.reshape(batch, num_tokens, g.key_heads, g.key_dim)
+        v = v.reshape(batch, num_tokens, g.value_heads, g.value_dim)
+        if self.conventional:
+            o = ops.gdn_conventional_step(q, k, v, log_decay, beta, state.checkpoint, layer.replay_rows, True, None)
+        else:
+            o = ops.gdn_step(
+                q, k, v, log_decay, beta,
+                state.checkpoint, state.ring_k, state.ring_d, state.ring_g, state.cursor, state.pending,
+                layer.replay_rows, commit, True, None,
+            )  # fmt: skip
         o = self.norm(o.reshape(-1, g.value_dim), z.reshape(-1, g.value_dim))
         return self.out_proj(o.reshape(batch, num_tokens, -1))

@@ -72,21 +72,20 @@ class Mamba2Adapter(MixerAdapter):
         xbc = mask_padding(self.conv(layer, xbc.transpose(1, 2)), attention_mask)
         x, B, C = xbc.split([m.intermediate_size, g.groups * g.state_size, g.groups * g.state_size], dim=-1)
         state = layer.replay
-        y = ops.mamba2_step(
-            x.reshape(batch, num_tokens, g.heads, g.head_dim),
-            dt,
-            -torch.exp(m.A_log.float()),
-            B.reshape(batch, num_tokens, g.groups, g.state_size),
-            C.reshape(batch, num_tokens, g.groups, g.state_size),
-            m.D,
-            m.dt_bias,
-            gate.reshape(batch, num_tokens, g.heads, g.head_dim) if self.gate_in_recurrence else None,
-            state.checkpoint, state.ring_x, state.ring_B, state.ring_dt, state.ring_logdecay,
-            state.cursor, state.pending,
-            layer.replay_rows,
-            commit,
-            True,
-        )  # fmt: skip
+        x = x.reshape(batch, num_tokens, g.heads, g.head_dim)
+        A = -torch.exp(m.A_log.float())
+        B = B.reshape(batch, num_tokens, g.groups, g.state_size)
+        C = C.reshape(batch, num_tokens, g.groups, g.state_size)
+        z = gate.reshape(batch, num_tokens, g.heads, g.head_dim) if self.gate_in_recurrence else None
+        if self.conventional:
+            y = ops.mamba2_conventional_step(x, dt, A, B, C, m.D, m.dt_bias, z, state.checkpoint, layer.replay_rows, True)
+        else:
+            y = ops.mamba2_step(
+                x, dt, A, B, C, m.D, m.dt_bias, z,
+                state.checkpoint, state.ring_x, state.ring_B, state.ring_dt, state.ring_logdecay,
+                state.cursor, state.pending,
+                layer.replay_rows, commit, True,
+            )  # fmt: skip
         y = y.reshape(batch, num_tokens, -1)
         if not self.gate_in_recurrence:
             y = m.norm(y, gate)

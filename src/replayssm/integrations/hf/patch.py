@@ -26,8 +26,9 @@ _MISSING = object()
 class PatchContext:
     """What one patch of one model shares: the config and the adapters by cache layer index."""
 
-    def __init__(self, model: nn.Module, config: ReplayConfig):
+    def __init__(self, model: nn.Module, config: ReplayConfig, step: str = "replay"):
         self.config = config
+        self.step = step
         self.model_name = type(model).__name__
         self.adapters: dict[int, object] = {}
         self.num_layers = _cache_layer_count(model)
@@ -35,7 +36,7 @@ class PatchContext:
 
     def __repr__(self) -> str:
         families = sorted({a.family for a in self.adapters.values()})
-        return f"ReplayPatch({self.model_name}, {len(self.adapters)} mixers ({', '.join(families)}), {self.config})"
+        return f"ReplayPatch({self.model_name}, {len(self.adapters)} mixers ({', '.join(families)}), {self.config}, step={self.step!r})"
 
 
 def _cache_layer_count(model: nn.Module) -> int | None:
@@ -55,7 +56,10 @@ def _model_type(model: nn.Module) -> str:
     return getattr(config, "model_type", None) or type(model).__name__
 
 
-def patch(model: nn.Module, config: ReplayConfig | None = None) -> nn.Module:
+STEPS = ("replay", "conventional")
+
+
+def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "replay") -> nn.Module:
     """Decode ``model``'s Mamba-2 / Gated DeltaNet mixers through replay state; returns ``model`` (patched in place).
 
     Args:
@@ -64,6 +68,10 @@ def patch(model: nn.Module, config: ReplayConfig | None = None) -> nn.Module:
         config: window and dtypes of the replay state (``ReplayConfig()`` by
             default). Patching an already patched model re-patches it with
             the new config.
+        step: ``"replay"``, or ``"conventional"`` to decode through the
+            conventional replayssm op (read and write the whole state every
+            token; the benchmarks' baseline; no rollback, so no assisted
+            decoding).
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` or ``config`` not a ``ReplayConfig``.
@@ -76,6 +84,8 @@ def patch(model: nn.Module, config: ReplayConfig | None = None) -> nn.Module:
         config = ReplayConfig()
     if not isinstance(config, ReplayConfig):
         raise TypeError(f"replayssm.patch: config must be a replayssm.ReplayConfig, got {type(config).__name__}")
+    if step not in STEPS:
+        raise ValueError(f"replayssm.patch: step must be one of {STEPS}, got {step!r}")
     if getattr(model, "use_kernels", False) is True:
         raise ValueError(
             "replayssm.patch: this model was loaded with use_kernels=True: hub kernels replace the SSM mixers' "
@@ -112,7 +122,7 @@ def patch(model: nn.Module, config: ReplayConfig | None = None) -> nn.Module:
                 "(e.g. model.to_empty(...) and load a state dict) before patching"
             )
 
-    context = PatchContext(model, config)
+    context = PatchContext(model, config, step)
     for name, module, handler in mixers:
         layer_idx = getattr(module, "layer_idx", None)
         if not isinstance(layer_idx, int):
@@ -128,7 +138,8 @@ def patch(model: nn.Module, config: ReplayConfig | None = None) -> nn.Module:
         adapter.mixer.forward = adapter.forward
         adapter.mixer._replayssm = adapter
     model._replayssm = context
-    model._is_stateful = False
+    if step == "replay":  # the conventional step cannot roll back: keep transformers' refusal
+        model._is_stateful = False
     return model
 
 
