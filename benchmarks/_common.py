@@ -17,24 +17,27 @@ def _axpb_kernel(p_x, p_y, n, BLOCK: tl.constexpr):
     tl.store(p_y + o, tl.load(p_x + o, mask=m) * 1.0001 + 0.5, mask=m)
 
 
-def streaming_bandwidth(gib: float = 2.0, repeats: int = 20) -> float:
+def streaming_bandwidth(gib: float = 4.0, repeats: int = 20) -> tuple[float, dict]:
     """Bytes/s of an elementwise Triton kernel (``y = a x + b``) over ``gib`` GiB in and out.
 
-    Read + write bytes are counted. NOTES-TRITON: ``Tensor.copy_`` reaches
-    only about two thirds of this on the H200, so it is the wrong ceiling.
+    Read + write bytes are counted; the best of a few launch configurations is
+    the ceiling (all are returned). NOTES-TRITON: ``Tensor.copy_`` is the wrong
+    ceiling on the H200.
     """
     n = int(gib * 2**30) // 4
     x = torch.rand(n, device="cuda")
     y = torch.empty_like(x)
-    block = 4096
+    rates = {}
+    for block, warps in ((1024, 4), (2048, 8), (4096, 8), (8192, 16)):
 
-    def run() -> None:
-        _axpb_kernel[(triton.cdiv(n, block),)](p_x=x, p_y=y, n=n, BLOCK=block, num_warps=8)
+        def run(block=block, warps=warps) -> None:
+            _axpb_kernel[(triton.cdiv(n, block),)](p_x=x, p_y=y, n=n, BLOCK=block, num_warps=warps)
 
-    ms = time_fn(run, repeats=repeats)
+        ms = time_fn(run, repeats=repeats)
+        rates[f"block{block}-warps{warps}"] = 2 * n * 4 / (ms * 1e-3)
     del x, y
     torch.cuda.empty_cache()
-    return 2 * n * 4 / (ms * 1e-3)
+    return max(rates.values()), rates
 
 
 def time_fn(fn: Callable[[], None], repeats: int = 20, warmup: int = 3) -> float:

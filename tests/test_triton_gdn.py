@@ -139,6 +139,47 @@ def test_replay_checkpoint_tracks_float64_recurrence(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_verify_commit_tracks_float64_recurrence(device):
+    """T = 2..4 draft tokens per step, random accepted counts: outputs and materialize() vs the float64
+    recurrence over accepted tokens only; ring, checkpoint and cursors vs the reference, across flushes."""
+    batch, key_heads, value_heads, key_dim, value_dim, window = 3, 1, 2, 32, 16, 6
+    gen = _gen()
+    rows = torch.tensor([2, 0, 1], device=device)
+    ours = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, device, gen)
+    for t in (ours[0], ours[2]):
+        t.zero_()  # empty history; staggered cursors
+    ours[4].copy_(torch.tensor([0, 3, 5], dtype=torch.int32))
+    theirs = [t.clone() for t in ours]
+    naive = NaiveGDN(batch, key_heads, value_heads, key_dim, value_dim)
+    flushes = 0
+    for step in range(12):
+        T = 2 + step % 3
+        q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
+        flushes += int((ours[4][rows] + T > window).sum())
+        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
+        o = torch.full_like(v, float("nan"))
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o)
+        assert rel_err(o, o_ref) < 1e-5
+        accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
+        for state in (ours, theirs):
+            ref.commit(state[4], state[5], rows, accepted)
+        for name, a, b in zip(("checkpoint", "ring_k", "ring_d", "ring_g"), ours[:4], theirs[:4]):
+            assert rel_err(a, b) < 1e-5, name
+        assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
+        for b in range(batch):
+            r = int(rows[b])
+            s = naive.state[r]
+            for t in range(T):
+                o_t, s = naive.token(r, q[b, t].cpu(), k[b, t].cpu(), v[b, t].cpu(), g[b, t].cpu(), beta[b, t].cpu(), l2norm=True, state=s)
+                assert rel_err(o[b, t].cpu(), o_t) < 1e-5
+                if t + 1 == int(accepted[b]):
+                    naive.state[r] = s
+        state_now = ref.gdn_materialize(*ours[:5], rows)
+        assert rel_err(state_now.cpu(), naive.state[rows.cpu()]) < 1e-5
+    assert flushes >= 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "dims, act_dtype, state_dtype, tol_out, tol_state",
     [
@@ -159,6 +200,27 @@ def test_conventional_step_matches_reference(dims, act_dtype, state_dtype, tol_o
         kernels.gdn_conventional_step_out(q, k, v, g, beta, state, rows, True, None, o=o)
         assert rel_err(o, o_ref) < tol_out
         assert rel_err(state, theirs) < tol_state
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_snapshot_baseline_writes_every_state(device):
+    """The speculative baseline: T states written to T snapshot slots, the input state untouched."""
+    batch, key_heads, value_heads, key_dim, value_dim, num_tokens = 2, 1, 2, 32, 16, 3
+    gen = _gen()
+    rows = torch.tensor([1, 0], device=device)
+    state = (torch.randn(batch, value_heads, value_dim, key_dim, generator=gen) * 0.3).to(device)
+    before = state.clone()
+    snapshots = torch.full((batch, num_tokens, value_heads, value_dim, key_dim), float("nan"), device=device)
+    q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=num_tokens)
+    o = torch.full_like(v, float("nan"))
+    kernels.gdn_conventional_step_out(q, k, v, g, beta, state, rows, True, None, o=o, snapshots=snapshots)
+    assert torch.equal(state, before)
+    walk = before.clone()
+    for t in range(num_tokens):
+        sl = slice(t, t + 1)
+        o_t = ref.gdn_conventional_step(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], walk, rows, True, None)
+        assert rel_err(o[:, sl], o_t) < 1e-5
+        assert rel_err(snapshots[:, t], walk) < 1e-5
 
 
 # ---------------------------------------------------------------------------

@@ -152,6 +152,49 @@ def test_replay_checkpoint_tracks_float64_recurrence(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_verify_commit_tracks_float64_recurrence(device):
+    """T = 2..4 draft tokens per step, random accepted counts: outputs and materialize() vs the float64
+    recurrence over accepted tokens only; ring, checkpoint and cursors vs the reference, across flushes."""
+    batch, heads, head_dim, state_size, groups, window = 3, 2, 16, 32, 1, 6
+    gen = _gen()
+    rows = torch.tensor([2, 0, 1], device=device)
+    A, D, dt_bias = _params(heads, device, gen)
+    ours = _state(batch, heads, head_dim, state_size, groups, window, torch.float32, torch.float32, device, gen)
+    for t in (ours[0], ours[3], ours[4]):
+        t.zero_()  # empty history; staggered cursors
+    ours[5].copy_(torch.tensor([0, 3, 5], dtype=torch.int32))
+    theirs = [t.clone() for t in ours]
+    naive = NaiveMamba2(batch, heads, head_dim, state_size, groups)
+    cpu = lambda t: None if t is None else t.cpu()  # noqa: E731
+    flushes = 0
+    for step in range(12):
+        T = 2 + step % 3
+        x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=T)
+        flushes += int((ours[5][rows] + T > window).sum())
+        y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, False, True)
+        y = torch.full_like(x, float("nan"))
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y)
+        assert rel_err(y, y_ref) < 1e-5
+        accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
+        for state in (ours, theirs):
+            ref.commit(state[5], state[6], rows, accepted)
+        for name, a, b in zip(("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay"), ours[:5], theirs[:5]):
+            assert rel_err(a, b) < 1e-5, name
+        assert torch.equal(ours[5], theirs[5]) and torch.equal(ours[6], theirs[6])
+        for b in range(batch):
+            r = int(rows[b])
+            s = naive.state[r]
+            for t in range(T):
+                y_t, s = naive.token(r, cpu(x[b, t]), cpu(dt[b, t]), cpu(A), cpu(B[b, t]), cpu(C[b, t]), cpu(D), cpu(dt_bias), cpu(z[b, t]), state=s)
+                assert rel_err(y[b, t].cpu(), y_t) < 1e-5
+                if t + 1 == int(accepted[b]):
+                    naive.state[r] = s
+        state_now = ref.mamba2_materialize(*ours[:6], rows)
+        assert rel_err(state_now.cpu(), naive.state[rows.cpu()]) < 1e-5
+    assert flushes >= 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "dims, act_dtype, state_dtype, tol_out, tol_state",
     [
@@ -173,6 +216,27 @@ def test_conventional_step_matches_reference(dims, act_dtype, state_dtype, tol_o
         kernels.mamba2_conventional_step_out(x, dt, A, B, C, D, dt_bias, z, state, rows, True, y=y)
         assert rel_err(y, y_ref) < tol_out
         assert rel_err(state, theirs) < tol_state
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_snapshot_baseline_writes_every_state(device):
+    """The speculative baseline: T states written to T snapshot slots, the input state untouched."""
+    batch, heads, head_dim, state_size, groups, num_tokens = 2, 2, 16, 32, 1, 3
+    gen = _gen()
+    rows = torch.tensor([1, 0], device=device)
+    A, D, dt_bias = _params(heads, device, gen)
+    state = (torch.randn(batch, heads, head_dim, state_size, generator=gen) * 0.3).to(device)
+    before = state.clone()
+    snapshots = torch.full((batch, num_tokens, heads, head_dim, state_size), float("nan"), device=device)
+    x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=num_tokens)
+    y = torch.full_like(x, float("nan"))
+    kernels.mamba2_conventional_step_out(x, dt, A, B, C, D, dt_bias, z, state, rows, True, y=y, snapshots=snapshots)
+    assert torch.equal(state, before)
+    walk = before.clone()
+    for t in range(num_tokens):
+        y_t = ref.mamba2_conventional_step(x[:, t : t + 1], dt[:, t : t + 1], A, B[:, t : t + 1], C[:, t : t + 1], D, dt_bias, z[:, t : t + 1], walk, rows, True)
+        assert rel_err(y[:, t : t + 1], y_t) < 1e-5
+        assert rel_err(snapshots[:, t], walk) < 1e-5
 
 
 # ---------------------------------------------------------------------------

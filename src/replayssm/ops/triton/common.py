@@ -37,6 +37,18 @@ def suffix_sums(b_log, o_l):
     return tl.sum(tl.where(o_l[None, :] > o_l[:, None], b_log[None, :], 0.0), axis=1)
 
 
+@triton.jit
+def fold_tile(b_S, b_decay, b_U, b_W):
+    """``decay * S + U^T W`` in fp32: the ring folded into a checkpoint tile as one rank-L update.
+
+    ``b_U`` ``(L, rows)`` holds the weighted row-side vectors (Mamba-2 ``exp(G_i) dt_i x_i``, GDN
+    ``exp(G_i) d_i``), ``b_W`` ``(L, key_dim)`` the key-side ones (B_i, k_i); both fp32, so the
+    product is exact fp32 arithmetic (``ieee``: no tf32, no bf16 operands). ``L >= 16`` (padded
+    entries are zero).
+    """
+    return b_decay * b_S + tl.dot(tl.trans(b_U), b_W, input_precision="ieee")
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
