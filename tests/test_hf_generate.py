@@ -107,3 +107,22 @@ def test_conventional_step_matches_unpatched(model_type):
         model.generate(batch[0][:1], max_new_tokens=3, prompt_lookup_num_tokens=2)
     with pytest.raises(ValueError, match="step must be one of"):
         replayssm.patch(model, step="fast")
+
+
+@pytest.mark.parametrize(
+    "model_type, overrides",
+    [
+        ("falcon_h1", dict(mamba_rms_norm=True)),  # gate in the norm instead of the recurrence
+        ("olmo_hybrid", dict(linear_allow_neg_eigval=False)),  # beta in (0, 1) instead of (0, 2)
+        ("mamba2", dict(n_groups=1)),
+    ],
+    ids=["falcon_h1-rmsnorm", "olmo_hybrid-posbeta", "mamba2-1group"],
+)
+def test_greedy_matches_unpatched_config_variants(model_type, overrides):
+    model = testing.tiny_model(model_type, **overrides)
+    batch = testing.left_padded_prompts()
+    ref_tokens, ref_logits = _greedy(model, *batch)
+    replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW))
+    tokens, logits = _greedy(model, *batch)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=ATOL, rtol=0)
