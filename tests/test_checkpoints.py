@@ -3,10 +3,12 @@
 Each checkpoint runs teacher-forced over a held-out excerpt (the quality
 harness's data): prefill of a prompt, then one token per forward with the
 cache, unpatched and patched with a fp32 replay state. The window is short so
-that every row folds its ring into the checkpoint several times.
+that every row folds its ring into the checkpoint several times. The quality
+harness itself must give the same report twice for a fixed seed.
 """
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -71,3 +73,22 @@ def test_replay_fp32_matches_unpatched(checkpoint):
     kl, agree = quality.compare(runs["reference"], runs["replay-fp32"])
     assert kl.max().item() < MAX_KL, f"{name}: max KL {kl.max().item():.3g}"
     assert agree.all(), f"{name}: top-1 differs at {(~agree).nonzero().tolist()}"
+
+
+def test_quality_harness_is_deterministic(tmp_path):
+    args = ["--checkpoint", str(ROOT / "checkpoints" / "qwen3_5_small"), "--device", "cpu", "-n", "12",
+            "--prompts", "2", "--prompt-len", "16", "--window", "4", "--configs", "replay-bf16"]
+    reports = []
+    for run in ("a", "b"):
+        quality.main([*args, "--out", str(tmp_path / run)])
+        report = json.loads((tmp_path / run / "quality.json").read_text())
+        for r in report["configs"].values():
+            del r["seconds"]
+        del report["meta"]["date"]
+        reports.append(report)
+    assert reports[0] == reports[1]
+    configs = reports[0]["configs"]
+    assert list(configs) == ["reference", "replay-bf16"]
+    assert configs["reference"]["kl_max"] == 0.0 and configs["reference"]["top1_agreement"] == 1.0
+    assert 0.0 < configs["replay-bf16"]["kl_max"] < 1e-3
+    assert len(configs["replay-bf16"]["kl_by_position"]) == 12
