@@ -33,7 +33,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import sysconfig
 import time
@@ -442,6 +441,8 @@ def train(args: argparse.Namespace) -> None:
     budget = args.time_budget
     if total is None and budget is None:
         raise SystemExit("give --steps or --time-budget")
+    if total is None and args.warmup <= 25:
+        raise SystemExit("--time-budget fixes the step count at step 25: it needs --warmup > 25")
     planned = total if total is not None else 10**9
     curve = []
     t_start = time.time()
