@@ -93,7 +93,10 @@ class MixerAdapter:
         layer = cache.layers[self.layer_idx]
         num_tokens = hidden_states.shape[1]
         if not layer.has_previous_state[0] or layer.replay is None:
-            return self._prefill(hidden_states, cache, layer, attention_mask, kwargs)
+            out = self._prefill(hidden_states, cache, layer, attention_mask, kwargs)
+            layer.seen_tokens = num_tokens
+            return out
+        layer.seen_tokens += num_tokens
         if num_tokens > layer.replay.window and not layer.record_past:
             return self._chunk(hidden_states, cache, layer, attention_mask, kwargs)
         commit = layer.begin_step(num_tokens)

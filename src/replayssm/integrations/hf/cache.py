@@ -82,6 +82,7 @@ class ReplayLayerMixin(ABC):
         self._spec = 0
         self._cursor = 0
         self.rolled_back = 0  # tokens taken back by crops, over the layer's life (for tests and the demo)
+        self.seen_tokens = 0  # tokens the state holds (what get_seq_length reports for all-SSM caches)
 
     # -- what transformers calls -----------------------------------------------
 
@@ -123,6 +124,7 @@ class ReplayLayerMixin(ABC):
         if self.replay is not None:
             self.replay.reset()
         self._pending = self._spec = self._cursor = 0
+        self.seen_tokens = 0
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._replay_base.reorder_cache(self, beam_idx)
@@ -219,6 +221,7 @@ class ReplayLayerMixin(ABC):
         pending = self._pending
         back = self._check_rollback(n)
         self.rolled_back += n
+        self.seen_tokens -= n
         self._commit_pending(pending - min(n, pending))
         if back:
             self.replay.cursor.sub_(back)
@@ -280,6 +283,26 @@ class _InertLayerMixin(ABC):
         pass
 
 
+class _AllSSMCacheMixin(ABC):
+    """Swapped onto a cache whose layers are all SSM layers (mamba2), so it can serve as a draft model's cache.
+
+    transformers continues a cache across ``generate`` calls (the draft
+    model's rounds) only when some layer tracks a sequence length: with every
+    layer linear, ``get_seq_length`` raises and the whole sequence is fed
+    again. While recording (assisted decoding), this cache reports the replay
+    layers' token count and presents them as sequence-tracking layers.
+    """
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return next(layer.seen_tokens for layer in self.layers if isinstance(layer, ReplayLayerMixin))
+
+    @property
+    def is_linear(self) -> list[bool]:
+        if any(getattr(layer, "record_past", False) for layer in self.layers):
+            return [False] * len(self.layers)
+        return self._replay_base.is_linear.fget(self)
+
+
 _CLASS_CACHE: dict[tuple[type, type], type] = {}
 _NOT_COPIED = {"__dict__", "__weakref__", "__module__", "__doc__", "__slots__", "_abc_impl", "__abstractmethods__"}
 
@@ -288,7 +311,7 @@ def _swapped(mixin: type, base: type) -> type:
     """The subclass of a transformers layer class with ``mixin`` in front (made once per pair)."""
     key = (mixin, base)
     if key not in _CLASS_CACHE:
-        prefix = "Replay" if mixin is ReplayLayerMixin else "Inert"
+        prefix = {ReplayLayerMixin: "Replay", _InertLayerMixin: "Inert", _AllSSMCacheMixin: "ReplayAllSSM"}[mixin]
         methods = {k: v for k, v in vars(mixin).items() if k not in _NOT_COPIED}
         swapped = type(prefix + base.__name__, (base,), {**methods, "_replay_base": base, "__module__": __name__})
         mixin.register(swapped)
@@ -365,4 +388,11 @@ def adopt_cache(cache, context) -> None:
             continue
         if isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin):
             layer.__class__ = _swapped(_InertLayerMixin, type(layer))
+    if all(isinstance(layer, (ReplayLayerMixin, _InertLayerMixin)) or _is_dummy(layer) for layer in layers):
+        if not isinstance(cache, _AllSSMCacheMixin) and hasattr(cache, "get_seq_length"):
+            cache.__class__ = _swapped(_AllSSMCacheMixin, type(cache))
     cache._replayssm_owner = weakref.ref(context)
+
+
+def _is_dummy(layer) -> bool:
+    return type(layer).__name__ == "DummyLayer"
