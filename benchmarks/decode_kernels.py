@@ -163,10 +163,10 @@ class Case:
             del i
         return steps  # fmt: skip
 
-    def pinned_replay_steps(self, cursor_value: int, count: int):
+    def pinned_replay_steps(self, cursor_value: int, count: int, config: LaunchConfig | None = None):
         """``count`` steps, each preceded by resetting every cursor to ``cursor_value`` (a tiny copy kernel)."""
         pinned = torch.full((self.batch,), cursor_value, dtype=torch.int32, device=self.device)
-        base = self.replay_steps()
+        base = self.replay_steps(config, via_op=False) if config else self.replay_steps()
         steps = []
         for i in range(count):
             step = base[i % len(base)]
@@ -222,18 +222,23 @@ def _load_fla():
 # ---------------------------------------------------------------------------
 
 
-def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=False, repeats=15):
+def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=False, repeats=15, config=None):
+    """One (geometry, batch, window) point; ``config`` overrides the replay launch table (from ``--sweep``)."""
     from _common import time_graph_per_step
 
     case = Case(geometry, batch, window, device)
     traffic = case.traffic()
-    row = {"geometry": name, "batch": batch, "window": window}
-    row["replay_us"] = time_graph_per_step(case.replay_steps(), repeats)
+    row = {"geometry": name, "batch": batch, "window": window, "replay_config": str(config) if config else "table"}
+
+    def replay():
+        return case.replay_steps(config, via_op=False) if config else case.replay_steps()
+
+    row["replay_us"] = time_graph_per_step(replay(), repeats)
     if full:
         case.set_phase("in-phase")
-        row["replay_inphase_us"] = time_graph_per_step(case.replay_steps(), repeats)
-        row["nonflush_us"] = time_graph_per_step(case.pinned_replay_steps(window - 1, window), repeats)
-        row["flush_us"] = time_graph_per_step(case.pinned_replay_steps(window, window), repeats)
+        row["replay_inphase_us"] = time_graph_per_step(replay(), repeats)
+        row["nonflush_us"] = time_graph_per_step(case.pinned_replay_steps(window - 1, window, config), repeats)
+        row["flush_us"] = time_graph_per_step(case.pinned_replay_steps(window, window, config), repeats)
         row["stagger_vs_inphase"] = row["replay_us"] / row["replay_inphase_us"] - 1
     row["conventional_us"] = time_graph_per_step(case.conventional_steps(), repeats)
     if fla_fn is not None and not case.mamba2:
@@ -251,32 +256,29 @@ def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=F
     return row
 
 
-SWEEP_REPLAY = [
-    LaunchConfig(16, 1, 4), LaunchConfig(16, 1, 2), LaunchConfig(32, 1, 4), LaunchConfig(32, 1, 8),
-    LaunchConfig(16, 2, 2), LaunchConfig(16, 99, 2), LaunchConfig(32, 99, 4), LaunchConfig(64, 1, 8),
-]  # fmt: skip
-SWEEP_CONVENTIONAL = [LaunchConfig(16, 99, 2), LaunchConfig(32, 99, 8), LaunchConfig(8, 99, 1), LaunchConfig(32, 99, 4)]
+SWEEP_REPLAY = [LaunchConfig(16, 1, 2), LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2)]
 
 
-def sweep(geometries, device, log) -> list[dict]:
+def sweep(geometries, device, log) -> tuple[list[dict], dict]:
+    """Time the replay configurations at the headline point; returns the rows and the best config per geometry."""
     from _common import time_graph_per_step
 
-    out = []
+    out, best = [], {}
     for name, geometry in geometries.items():
-        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device)
-        for kind, configs in (("replay", SWEEP_REPLAY), ("conventional", SWEEP_CONVENTIONAL)):
-            for cfg in configs:
-                steps = case.replay_steps(cfg, via_op=False) if kind == "replay" else case.conventional_steps(cfg, via_op=False)
-                try:
-                    us = time_graph_per_step(steps, repeats=10)
-                except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
-                    us = None
-                    log(f"sweep {name} {kind} {cfg}: {type(exc).__name__}: {exc}")
-                out.append({"geometry": name, "kernel": kind, **cfg.as_dict(), "us": us})
-                log(f"sweep {name:24s} {kind:12s} block={cfg.block:3d} split={cfg.split:3d} warps={cfg.num_warps} -> {us}")
+        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device, conventional=False)
+        for cfg in SWEEP_REPLAY:
+            try:
+                us = time_graph_per_step(case.replay_steps(cfg, via_op=False), repeats=10)
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
+                us = None
+                log(f"sweep {name} {cfg}: {type(exc).__name__}: {exc}")
+            out.append({"geometry": name, "kernel": "replay", **cfg.as_dict(), "us": us})
+            log(f"sweep {name:24s} {cfg} -> {us}")
+            if us is not None and (name not in best or us < best[name][1]):
+                best[name] = (cfg, us)
         del case
         torch.cuda.empty_cache()
-    return out
+    return out, {name: cfg for name, (cfg, _) in best.items()}
 
 
 def dry_run() -> None:
@@ -285,6 +287,8 @@ def dry_run() -> None:
         case = Case(geometry, 3, 4, "cpu")
         for step in case.replay_steps(via_op=False) + case.conventional_steps(via_op=False) + case.replay_steps():
             step()
+        for cfg in SWEEP_REPLAY:
+            case.replay_steps(cfg, via_op=False)[0]()
         cfg = mamba2_replay_config(16, 16) if case.mamba2 else gdn_replay_config(16, 16)
         conv = mamba2_conventional_config(16, 16) if case.mamba2 else gdn_conventional_config(16, 16)
         print(f"dry run {name}: ok (replay {cfg}, conventional {conv}); traffic ratio {case.traffic().ratio:.2f}")
@@ -388,8 +392,11 @@ def main() -> None:
     }
     log(json.dumps(meta))
     result = {"meta": meta}
+    chosen = {}
     if args.sweep:
-        result["sweep"] = sweep(geometries, device, log)
+        result["sweep"], chosen = sweep(geometries, device, log)
+        result["chosen_replay_config"] = {k: v.as_dict() for k, v in chosen.items()}
+        log("chosen replay configs: " + json.dumps(result["chosen_replay_config"]))
     bw, rates = streaming_bandwidth()
     bw_end = None
     result["bandwidth_Bps"], result["bandwidth_by_config"] = bw, rates
@@ -398,7 +405,7 @@ def main() -> None:
 
     headline = []
     for name, geometry in geometries.items():
-        row = measure_point(name, geometry, HEADLINE_BATCH, HEADLINE_WINDOW, bw, device, fla_fn, full=True, repeats=args.repeats)
+        row = measure_point(name, geometry, HEADLINE_BATCH, HEADLINE_WINDOW, bw, device, fla_fn, full=True, repeats=args.repeats, config=chosen.get(name))
         headline.append(row)
         log(f"headline {json.dumps(row)}")
     result["headline"] = headline
@@ -409,14 +416,14 @@ def main() -> None:
                 if batch == HEADLINE_BATCH:
                     row = next(r for r in headline if r["geometry"] == name)
                 else:
-                    row = measure_point(name, geometry, batch, HEADLINE_WINDOW, bw, device, fla_fn, repeats=args.repeats)
+                    row = measure_point(name, geometry, batch, HEADLINE_WINDOW, bw, device, fla_fn, repeats=args.repeats, config=chosen.get(name))
                 batch_rows.append(row)
                 log(f"batch {json.dumps(row)}")
             for window in args.windows:
                 if window == HEADLINE_WINDOW:
                     row = next(r for r in headline if r["geometry"] == name)
                 else:
-                    row = measure_point(name, geometry, HEADLINE_BATCH, window, bw, device, None, repeats=args.repeats)
+                    row = measure_point(name, geometry, HEADLINE_BATCH, window, bw, device, None, repeats=args.repeats, config=chosen.get(name))
                 window_rows.append(row)
                 log(f"window {json.dumps(row)}")
         bw_end = streaming_bandwidth()[0]

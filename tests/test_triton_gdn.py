@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from naive import NaiveGDN, rel_err
 
 from replayssm.ops import reference as ref
+from replayssm.ops.triton.configs import LaunchConfig
 
 kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
 
@@ -27,7 +28,7 @@ DEVICES = [
 # (batch, key_heads, value_heads, key_dim, value_dim, window), input dtype, checkpoint dtype, l2norm,
 # tolerance (relative RMS) for outputs, and for the checkpoint vs the reference.
 CASES = [
-    pytest.param((3, 2, 4, 48, 80, 5), torch.float32, torch.float32, True, 1e-5, 1e-5, id="B3-HK2-HV4-K48-V80-L5-x_fp32-ck_fp32"),
+    pytest.param((3, 1, 2, 48, 80, 5), torch.float32, torch.float32, True, 1e-5, 1e-5, id="B3-HK1-HV2-K48-V80-L5-x_fp32-ck_fp32"),
     pytest.param((3, 1, 2, 32, 16, 4), torch.bfloat16, torch.float32, True, 1e-2, 1e-5, id="B3-HK1-HV2-K32-V16-L4-x_bf16-ck_fp32"),
     pytest.param((2, 2, 2, 16, 16, 5), torch.float32, torch.float16, False, 2e-3, 2e-3, id="B2-HK2-HV2-K16-V16-L5-x_fp32-ck_fp16"),
     pytest.param((2, 1, 4, 16, 16, 3), torch.bfloat16, torch.bfloat16, True, 1e-2, 1e-2, id="B2-HK1-HV4-K16-V16-L3-x_bf16-ck_bf16"),
@@ -110,10 +111,36 @@ def test_replay_step_uncommitted_and_scale(device):
         assert rel_err(ours[2], theirs[2]) < 1e-5
 
 
+VARIANTS = [
+    pytest.param(LaunchConfig(32, 1, 4), id="block32-split1"),
+    pytest.param(LaunchConfig(16, 2, 2), id="block16-split2"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config", VARIANTS)
+def test_replay_step_launch_variants(config, device):
+    """Launch variants the table may pick (tile height, heads split over programs), T = 1 and T = 2."""
+    batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 32, 48, 3
+    gen = _gen()
+    rows = torch.tensor([1, 0], device=device)
+    ours = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, device, gen)
+    theirs = [t.clone() for t in ours]
+    for step in range(2 * window + 1):
+        T = 1 + step % 2
+        q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
+        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
+        o = torch.full_like(v, float("nan"))
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config)
+        assert rel_err(o, o_ref) < 1e-5
+        for a, b in zip(ours, theirs):
+            assert rel_err(a, b) < 1e-5
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_replay_checkpoint_tracks_float64_recurrence(device):
     """fp32 checkpoint within 1e-5 of the float64 recurrence after every flush; outputs likewise."""
-    batch, key_heads, value_heads, key_dim, value_dim, window = 3, 2, 4, 48, 80, 5
+    batch, key_heads, value_heads, key_dim, value_dim, window = 3, 1, 2, 48, 80, 5
     gen = _gen()
     rows = torch.arange(batch, device=device)
     state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, device, gen)

@@ -14,6 +14,7 @@ import torch
 from naive import NaiveMamba2, rel_err
 
 from replayssm.ops import reference as ref
+from replayssm.ops.triton.configs import LaunchConfig
 
 kernels = pytest.importorskip("replayssm.ops.triton.mamba2", reason="needs Triton")
 
@@ -26,7 +27,7 @@ DEVICES = [
 # (batch, heads, head_dim, state_size, groups, window), input dtype, checkpoint dtype,
 # tolerance (relative RMS) for outputs, and for the checkpoint vs the reference.
 CASES = [
-    pytest.param((3, 4, 80, 48, 2, 5), torch.float32, torch.float32, 1e-5, 1e-5, id="B3-H4-P80-N48-G2-L5-x_fp32-ck_fp32"),
+    pytest.param((3, 2, 80, 48, 1, 5), torch.float32, torch.float32, 1e-5, 1e-5, id="B3-H2-P80-N48-G1-L5-x_fp32-ck_fp32"),
     pytest.param((3, 2, 16, 32, 1, 4), torch.bfloat16, torch.float32, 1e-2, 1e-5, id="B3-H2-P16-N32-G1-L4-x_bf16-ck_fp32"),
     pytest.param((2, 2, 16, 16, 2, 5), torch.float32, torch.float16, 1e-5, 2e-3, id="B2-H2-P16-N16-G2-L5-x_fp32-ck_fp16"),
     pytest.param((2, 4, 16, 16, 2, 3), torch.bfloat16, torch.bfloat16, 1e-2, 1e-2, id="B2-H4-P16-N16-G2-L3-x_bf16-ck_bf16"),
@@ -121,10 +122,37 @@ def test_replay_step_without_optional_inputs_and_uncommitted(device):
         assert rel_err(ours[1], theirs[1]) < 1e-6 and rel_err(ours[4], theirs[4]) < 1e-6
 
 
+VARIANTS = [
+    pytest.param(LaunchConfig(32, 1, 4), id="block32-split1"),
+    pytest.param(LaunchConfig(16, 2, 2), id="block16-split2"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config", VARIANTS)
+def test_replay_step_launch_variants(config, device):
+    """Launch variants the table may pick (tile height, heads split over programs), T = 1 and T = 2."""
+    batch, heads, head_dim, state_size, groups, window = 2, 2, 48, 32, 1, 4
+    gen = _gen()
+    rows = torch.tensor([1, 0], device=device)
+    A, D, dt_bias = _params(heads, device, gen)
+    ours = _state(batch, heads, head_dim, state_size, groups, window, torch.float32, torch.float32, device, gen)
+    theirs = [t.clone() for t in ours]
+    for step in range(2 * window + 1):
+        T = 1 + step % 2
+        x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=T)
+        y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
+        y = torch.full_like(x, float("nan"))
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, config=config)
+        assert rel_err(y, y_ref) < 1e-5
+        for a, b in zip(ours, theirs):
+            assert rel_err(a, b) < 1e-5
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_replay_checkpoint_tracks_float64_recurrence(device):
     """fp32 checkpoint within 1e-5 of the float64 recurrence after every flush; outputs likewise."""
-    batch, heads, head_dim, state_size, groups, window = 3, 4, 80, 48, 2, 5
+    batch, heads, head_dim, state_size, groups, window = 3, 2, 80, 48, 1, 5
     gen = _gen()
     rows = torch.arange(batch, device=device)
     A, D, dt_bias = _params(heads, device, gen)
@@ -304,3 +332,17 @@ def test_registered_op_and_cuda_graph():
         assert torch.equal(y, y_ref)
     for a, b in zip(ours, eager):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_commit_kernel_matches_reference(device):
+    from replayssm.ops.triton.commit import commit
+
+    cursor = torch.tensor([3, 0, 5, 2], dtype=torch.int32, device=device)
+    pending = torch.tensor([2, 4, 0, 3], dtype=torch.int32, device=device)
+    rows = torch.tensor([3, 1], device=device)
+    accepted = torch.tensor([1, 4], device=device)
+    theirs = (cursor.clone(), pending.clone())
+    commit(cursor, pending, rows, accepted)
+    ref.commit(*theirs, rows, accepted)
+    assert torch.equal(cursor, theirs[0]) and torch.equal(pending, theirs[1])

@@ -15,6 +15,10 @@ around them; under CUDA graphs (how decode loops run) the two are the same
 kernels. Switching is a change to ``replayssm/ops/__init__.py`` only: define
 the CUDA ops with ``triton_op`` and call these launchers with ``wrap_triton``.
 
+``commit`` has a kernel too (a cursor move the reference cannot do inside a
+CUDA graph); ``materialize`` keeps the reference (off the hot path), as do
+fp64 calls (the kernels compute in fp32).
+
 Layout: ``mamba2.py`` and ``gdn.py`` hold one family each (kernels and
 launchers, each launcher with the signature of its reference twin in
 ``ops/reference.py``); ``configs.py`` the hand-picked launch table;
@@ -31,6 +35,7 @@ _FAMILY = {
     "mamba2_conventional_step": "mamba2",
     "gdn_step": "gdn",
     "gdn_conventional_step": "gdn",
+    "commit": "commit",
 }
 
 
@@ -52,7 +57,7 @@ def register_cuda_kernels() -> None:
     if not triton_available():
         return
     from .. import _check_gdn_conventional, _check_mamba2_conventional, _checks
-    from .. import gdn_conventional_step, gdn_step, mamba2_conventional_step, mamba2_step
+    from .. import commit, gdn_conventional_step, gdn_step, mamba2_conventional_step, mamba2_step
 
     @mamba2_step.register_kernel("cuda")
     def _(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus):
@@ -75,3 +80,8 @@ def register_cuda_kernels() -> None:
     def _(q, k, v, g, beta, state, rows, use_qk_l2norm, scale):
         _check_gdn_conventional(q, k, v, g, beta, state, rows)
         return _launcher("gdn_conventional_step")(q, k, v, g, beta, state, rows, use_qk_l2norm, scale)
+
+    @commit.register_kernel("cuda")
+    def _(cursor, pending, rows, accepted):
+        _checks.check_commit(cursor, pending, rows, accepted)
+        _launcher("commit")(cursor, pending, rows, accepted)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    block: int  # rows of the state tile (head_dim or value_dim direction), a power of two >= 16 (the fold is a tl.dot)
+    block: int  # rows of the state tile (head_dim or value_dim direction), a power of two; >= 16 for replay (its fold is a tl.dot)
     split: int  # programs per head (1 = one program loops over all tiles of its head)
     num_warps: int
     num_stages: int = 1
@@ -29,15 +29,15 @@ class LaunchConfig:
 
 # (dim, key_dim) -> config, fp32 state. Keys: head_dim x state_size (Mamba-2), value_dim x key_dim (GDN).
 _MAMBA2_REPLAY = {
-    (80, 128): LaunchConfig(block=16, split=1, num_warps=4),
-    (64, 128): LaunchConfig(block=16, split=1, num_warps=4),
+    (80, 128): LaunchConfig(block=16, split=1, num_warps=2),
+    (64, 128): LaunchConfig(block=16, split=1, num_warps=2),
 }
 _MAMBA2_CONVENTIONAL = {
-    (80, 128): LaunchConfig(block=16, split=5, num_warps=2),
-    (64, 128): LaunchConfig(block=16, split=4, num_warps=2),
+    (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
+    (64, 128): LaunchConfig(block=8, split=8, num_warps=1),
 }
 _GDN_REPLAY = {
-    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
+    (128, 128): LaunchConfig(block=32, split=1, num_warps=4),
 }
 _GDN_CONVENTIONAL = {
     (128, 128): LaunchConfig(block=32, split=4, num_warps=8),

@@ -1,0 +1,259 @@
+"""Speculative verification benchmark: replay verify + commit vs the snapshot baseline (issue 4, item 4).
+
+    PYTHONPATH=src python benchmarks/spec_kernels.py --out results/
+
+* geometries of the decode benchmark; fp32 state, bf16 inputs, window 16;
+* batch 256 (sweep 32..1024), T in {2, 4, 6, 8} draft tokens per row;
+  accepted counts fixed (T/2 of T and T of T) or random per row and step;
+* replay: ``*_step(commit=False)`` (all T outputs from checkpoint + committed
+  ring + causal terms, entries written as pending; a row whose ring would
+  overflow flushes its committed part first, inside the kernel) followed by
+  ``commit`` (a cursor move); a sequence of steps captured in one CUDA graph;
+* snapshot baseline (what engines do today): the recurrence over the T tokens,
+  the full state written after each one (T snapshot slots + the current state,
+  T + 1 in all); rollback = pick a slot (free);
+* reports time per verify step, per accepted token, state memory per request,
+  and each path's bytes over the streaming bandwidth measured in the same run.
+
+Prints a table last; writes ``spec_kernels.json`` / ``.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import replayssm  # noqa: E402
+from replayssm import GDNGeometry, Mamba2Geometry  # noqa: E402
+from replayssm.ops.triton import gdn as gdn_kernels  # noqa: E402
+from replayssm.ops.triton import mamba2 as mamba2_kernels  # noqa: E402
+
+from decode_kernels import ACT, GEOMETRIES  # noqa: E402
+
+WINDOW = 16
+HEADLINE_BATCH, HEADLINE_T = 256, 4
+BATCHES = (32, 64, 128, 256, 512, 1024)
+TOKENS = (2, 4, 6, 8)
+STEPS = 16  # verify steps per captured graph
+
+
+def _size(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def bytes_per_row(geometry, T: int, window: int) -> dict:
+    """Bytes of one row: state, one ring entry, inputs/outputs of T tokens (bf16)."""
+    s_in, f32 = _size(ACT), 4
+    if isinstance(geometry, Mamba2Geometry):
+        g = geometry
+        state = g.heads * g.head_dim * g.state_size * f32
+        entry = (g.heads * g.head_dim + g.groups * g.state_size) * s_in + 2 * g.heads * f32
+        io = T * (3 * g.heads * g.head_dim + 2 * g.groups * g.state_size + g.heads) * s_in
+    else:
+        g = geometry
+        state = g.value_heads * g.value_dim * g.key_dim * f32
+        entry = g.key_heads * g.key_dim * f32 + g.value_heads * g.value_dim * f32 + g.value_heads * f32
+        io = T * (2 * g.key_heads * g.key_dim + 2 * g.value_heads * g.value_dim + 2 * g.value_heads) * s_in
+    return {"state": state, "entry": entry, "io": io, "replay_memory": state + window * entry, "snapshot_memory": (1 + T) * state}
+
+
+def simulate(cursor0, accepted_seq, T: int, window: int):
+    """Host simulation of the cursor schedule: committed entries read and flushes, per step (all rows)."""
+    c = cursor0.clone().long()
+    reads, flushes = 0, 0
+    for acc in accepted_seq:
+        flush = c + T > window
+        flushes += int(flush.sum())
+        c = torch.where(flush, torch.zeros_like(c), c)
+        reads += int(c.sum())
+        c = c + acc.long()
+    return reads, flushes
+
+
+class SpecCase:
+    def __init__(self, geometry, batch: int, T: int, accept: str, seed: int = 0):
+        from decode_kernels import Case
+
+        self.base = Case(geometry, batch, WINDOW, "cuda", seed=seed, conventional=True)
+        self.T, self.batch, self.geometry = T, batch, geometry
+        gen = self.base.gen
+        base_inputs = self.base.inputs
+        # T-token inputs: the decode case's single tokens stacked, fresh per step
+        self.inputs = []
+        for i in range(STEPS):
+            parts = [base_inputs[(i + t) % len(base_inputs)] for t in range(T)]
+            self.inputs.append(tuple(torch.cat([p[j] for p in parts], dim=1) for j in range(len(parts[0]))))
+        if accept == "half":
+            acc = [torch.full((batch,), T // 2, dtype=torch.int64) for _ in range(STEPS)]
+        elif accept == "all":
+            acc = [torch.full((batch,), T, dtype=torch.int64) for _ in range(STEPS)]
+        else:
+            acc = [torch.randint(0, T + 1, (batch,), generator=torch.Generator().manual_seed(seed + i)) for i in range(STEPS)]
+        self.accepted_host = acc
+        self.accepted = [a.to("cuda") for a in acc]
+        self.snapshots = torch.empty((batch, T) + tuple(self.base.conventional_state.shape[1:]), device="cuda")
+
+    def replay_steps(self):
+        b, st = self.base, self.base.state
+        steps = []
+        for inp, acc in zip(self.inputs, self.accepted):
+            if b.mamba2:
+                x, dt, B, C, z = inp
+                tensors = (st.checkpoint, st.ring_x, st.ring_B, st.ring_dt, st.ring_logdecay, st.cursor, st.pending)
+                steps.append(lambda x=x, dt=dt, B=B, C=C, z=z, acc=acc: (
+                    replayssm.ops.mamba2_step(x, dt, b.A, B, C, b.D, b.dt_bias, z, *tensors, b.rows, False, True),
+                    replayssm.ops.commit(st.cursor, st.pending, b.rows, acc)))
+            else:
+                tensors = (st.checkpoint, st.ring_k, st.ring_d, st.ring_g, st.cursor, st.pending)
+                steps.append(lambda inp=inp, acc=acc: (
+                    replayssm.ops.gdn_step(*inp, *tensors, b.rows, False, True, None),
+                    replayssm.ops.commit(st.cursor, st.pending, b.rows, acc)))
+        return steps  # fmt: skip
+
+    def snapshot_steps(self):
+        b, s, snaps = self.base, self.base.conventional_state, self.snapshots
+        steps = []
+        for inp in self.inputs:
+            if b.mamba2:
+                x, dt, B, C, z = inp
+                y = torch.empty_like(x)
+                steps.append(lambda x=x, dt=dt, B=B, C=C, z=z, y=y: mamba2_kernels.mamba2_conventional_step_out(
+                    x, dt, b.A, B, C, b.D, b.dt_bias, z, s, b.rows, True, y=y, snapshots=snaps))
+            else:
+                o = torch.empty_like(inp[2])
+                steps.append(lambda inp=inp, o=o: gdn_kernels.gdn_conventional_step_out(
+                    *inp, s, b.rows, True, None, o=o, snapshots=snaps))
+        return steps  # fmt: skip
+
+
+def measure(name, geometry, batch, T, accept, bw, repeats):
+    from _common import time_graph_per_step
+
+    case = SpecCase(geometry, batch, T, accept)
+    case.base.set_phase("staggered")
+    cursor0 = case.base.state.cursor.cpu()
+    replay_us = time_graph_per_step(case.replay_steps(), repeats)
+    snapshot_us = time_graph_per_step(case.snapshot_steps(), repeats)
+    per = bytes_per_row(geometry, T, WINDOW)
+    # The captured sequence starts from the cursors left by the warm-up pass and the replays; the schedule
+    # of the first pass from the staggered start is representative of the steady state.
+    reads, flushes = simulate(cursor0, case.accepted_host, T, WINDOW)
+    replay_bytes = (STEPS * batch * (per["state"] + T * per["entry"] + per["io"]) + reads * per["entry"] + flushes * per["state"]) / STEPS
+    snapshot_bytes = batch * ((1 + T) * per["state"] + per["io"])
+    accepted = float(torch.stack(case.accepted_host).float().mean())
+    row = {
+        "geometry": name, "batch": batch, "T": T, "accept": accept, "accepted_mean": accepted,
+        "replay_us": replay_us, "snapshot_us": snapshot_us, "speedup": snapshot_us / replay_us,
+        "replay_us_per_token": replay_us / max(accepted, 1e-9), "snapshot_us_per_token": snapshot_us / max(accepted, 1e-9),
+        "replay_floor_us": replay_bytes / bw * 1e6, "snapshot_floor_us": snapshot_bytes / bw * 1e6,
+        "replay_memory_per_request": per["replay_memory"], "snapshot_memory_per_request": per["snapshot_memory"],
+        "replay_memory_states": per["replay_memory"] / per["state"], "snapshot_memory_states": per["snapshot_memory"] / per["state"],
+    }  # fmt: skip
+    row["replay_pct_floor"] = 100 * row["replay_floor_us"] / replay_us
+    row["snapshot_pct_floor"] = 100 * row["snapshot_floor_us"] / snapshot_us
+    del case
+    torch.cuda.empty_cache()
+    return row
+
+
+COLUMNS = [
+    ("geometry", "geometry", ""),
+    ("batch", "batch", "d"),
+    ("T", "T", "d"),
+    ("accept", "accepted", ""),
+    ("replay_us", "replay us/step", ".1f"),
+    ("snapshot_us", "snapshot us/step", ".1f"),
+    ("speedup", "snap/replay", ".2f"),
+    ("replay_us_per_token", "replay us/acc tok", ".1f"),
+    ("replay_pct_floor", "replay % floor", ".1f"),
+    ("snapshot_pct_floor", "snap % floor", ".1f"),
+    ("replay_memory_states", "replay mem (states)", ".3f"),
+    ("snapshot_memory_states", "snap mem (states)", ".1f"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--geometries", nargs="*", default=list(GEOMETRIES), choices=list(GEOMETRIES))
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--headline-only", action="store_true")
+    ap.add_argument("--accept", nargs="*", default=["half", "all", "random"], choices=["half", "all", "random"])
+    args = ap.parse_args()
+    from _common import format_table, streaming_bandwidth
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = open(out / "spec_kernels.log", "w")
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        log_file.write(msg + "\n")
+
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "window": WINDOW,
+        "command": " ".join(sys.argv),
+    }
+    log(json.dumps(meta))
+    bw, rates = streaming_bandwidth()
+    log(f"streaming bandwidth: {bw / 1e12:.3f} TB/s")
+    geometries = {n: GEOMETRIES[n] for n in args.geometries}
+    headline, sweep = [], []
+    for name, geometry in geometries.items():
+        for accept in args.accept:
+            row = measure(name, geometry, HEADLINE_BATCH, HEADLINE_T, accept, bw, args.repeats)
+            headline.append(row)
+            log(f"headline {json.dumps(row)}")
+    if not args.headline_only:
+        for name, geometry in geometries.items():
+            for T in TOKENS:
+                if T != HEADLINE_T:
+                    row = measure(name, geometry, HEADLINE_BATCH, T, "half", bw, args.repeats)
+                    sweep.append(row)
+                    log(f"tokens {json.dumps(row)}")
+            for batch in BATCHES:
+                if batch != HEADLINE_BATCH:
+                    row = measure(name, geometry, batch, HEADLINE_T, "half", bw, args.repeats)
+                    sweep.append(row)
+                    log(f"batch {json.dumps(row)}")
+    (out / "spec_kernels.json").write_text(json.dumps({"meta": meta, "bandwidth_Bps": bw, "headline": headline, "sweep": sweep}, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name in geometries:
+            pts = sorted((r for r in sweep + headline if r["geometry"] == name and r["T"] == HEADLINE_T and r["accept"] == "half"), key=lambda r: r["batch"])
+            ax.plot([r["batch"] for r in pts], [r["speedup"] for r in pts], "o-", label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("snapshot time / replay time")
+        ax.set_title(f"verify T={HEADLINE_T}, 2 of 4 accepted, window {WINDOW}, fp32 state")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "spec_kernels.png", dpi=110)
+    except ImportError:
+        log("matplotlib not installed (pip install replayssm[bench])")
+    if sweep:
+        log("\nsweeps (2 of 4 / half accepted):\n" + format_table(sweep, COLUMNS))
+    log(f"\n{meta['gpu']}, streaming bandwidth {bw / 1e12:.3f} TB/s; batch {HEADLINE_BATCH}, T = {HEADLINE_T}, window {WINDOW}\n")
+    log(format_table(headline, COLUMNS))
+    log_file.close()
+
+
+if __name__ == "__main__":
+    main()
