@@ -188,10 +188,10 @@ def mamba2_step(
     _scatter_ring(ring_logdecay, rows, c, log_decay_t)
     if commit:
         cursor[rows] = (c + num_tokens).to(cursor.dtype)
-        pending[rows] = 0
+        pending.index_fill_(0, rows, 0)
     else:
         cursor[rows] = c.to(cursor.dtype)
-        pending[rows] = num_tokens
+        pending.index_fill_(0, rows, num_tokens)
     return y.to(x.dtype).contiguous()
 
 
@@ -349,10 +349,10 @@ def gdn_step(
     _scatter_ring(ring_g, rows, c, g_t)
     if commit:
         cursor[rows] = (c + num_tokens).to(cursor.dtype)
-        pending[rows] = 0
+        pending.index_fill_(0, rows, 0)
     else:
         cursor[rows] = c.to(cursor.dtype)
-        pending[rows] = num_tokens
+        pending.index_fill_(0, rows, num_tokens)
     return o.to(v.dtype).contiguous()
 
 
@@ -407,7 +407,10 @@ def gdn_conventional_step(
 
 
 def commit(cursor: Tensor, pending: Tensor, rows: Tensor, accepted: Tensor) -> None:
-    """Make the first ``accepted[b]`` pending entries of ``rows[b]`` part of its state."""
+    """Make the first ``accepted[b]`` pending entries of ``rows[b]`` part of its state.
+
+    Device-side only (no host values), so it can be captured in a CUDA graph.
+    """
     rows = rows.long()
     cursor[rows] = cursor[rows] + accepted.to(cursor.dtype)
-    pending[rows] = 0
+    pending.index_fill_(0, rows, 0)
