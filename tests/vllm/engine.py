@@ -53,7 +53,19 @@ def main(args: dict) -> dict:
     stats = {}
     if "replayssm.integrations.vllm" in sys.modules:
         stats = sys.modules["replayssm.integrations.vllm"].stats()
-    return {"tokens": tokens, "spec": spec, "stats": stats}
+    # The state page vLLM sized its cache with (from the model class, before the layers existed).
+    from vllm import ModelRegistry
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    config = llm.llm_engine.vllm_config
+    model_cls, _ = ModelRegistry.resolve_model_cls(config.model_config.architecture, model_config=config.model_config)
+    shapes = model_cls.get_mamba_state_shape_from_config(config)
+    dtypes = model_cls.get_mamba_state_dtype_from_config(config)
+    sizing = {
+        "state_page_bytes": MambaSpec(shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes,
+        "block_size": config.cache_config.block_size,
+    }
+    return {"tokens": tokens, "spec": spec, "stats": stats, "cache": sizing}
 
 
 if __name__ == "__main__":

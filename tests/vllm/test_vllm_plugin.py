@@ -65,6 +65,11 @@ def engine(path: str, kind: str, plugin: bool, num_spec: int = 0, env: dict | No
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+def page_bytes(result: dict) -> int:
+    """Bytes of one state slot's page as vLLM computed it when sizing the cache."""
+    return result["cache"]["state_page_bytes"]
+
+
 @pytest.fixture(scope="module")
 def stock(model_dirs):
     """Stock vLLM, no speculative decoding: the reference tokens.
@@ -76,7 +81,7 @@ def stock(model_dirs):
     for result in out.values():
         assert "error" not in result, result
         assert result["stats"] == {}  # the plugin stayed off
-    return {kind: result["tokens"] for kind, result in out.items()}
+    return out
 
 
 # -- plugin mechanics ------------------------------------------------------------
@@ -123,7 +128,11 @@ def test_standard_decoding_matches_stock(kind, model_dirs, stock):
     assert stats[f"{family}_layers"] == 3
     assert stats[f"{family}_decode_calls"] >= 3 * (MAX_TOKENS - 1)
     assert stats["prefill_slot_reuse"] > 0
-    assert result["tokens"] == stock[kind]
+    # The ring lives in vLLM's cache pages, which vLLM sized larger to hold it.
+    # (Here the larger page still fits the attention-aligned padding, so the block count is unchanged.)
+    assert stats["ring_tensors_in_pages"] == 3 * (4 if family == "mamba2" else 3)
+    assert page_bytes(result) > page_bytes(stock[kind])
+    assert result["tokens"] == stock[kind]["tokens"]
 
 
 @pytest.mark.parametrize("kind", list(DTYPES))
@@ -134,7 +143,7 @@ def test_speculative_decoding_matches_greedy(kind, model_dirs, stock):
     assert result["stats"][f"{family}_verify_calls"] > 0
     spec = result["spec"]
     assert 0 < spec["accepted_tokens"] < spec["draft_tokens"], spec  # drafts both accepted and rejected
-    assert result["tokens"] == stock[kind]
+    assert result["tokens"] == stock[kind]["tokens"]
 
 
 def test_unregister_restores_stock_layers():
@@ -158,6 +167,19 @@ def test_window_too_small_for_speculative_length_is_refused(model_dirs):
     env = {rv.WINDOW_ENV: str(NUM_SPEC)}
     result = engine(model_dirs["qwen3_next"], "qwen3_next", plugin=True, num_spec=NUM_SPEC, env=env)
     assert f"{rv.WINDOW_ENV} >= {NUM_SPEC + 1}" in result.get("error", ""), result
+
+
+def test_unsupported_architecture_is_refused():
+    from types import SimpleNamespace
+
+    from replayssm.integrations.vllm import _common
+
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(architecture="BambaForCausalLM"),
+        cache_config=SimpleNamespace(mamba_cache_mode="none"),
+    )
+    with pytest.raises(rv.ReplayConfigError, match="architecture 'BambaForCausalLM' is not supported yet"):
+        _common.settings_for(config, 0, "model.layers.0.mixer")
 
 
 def test_bad_window_setting_is_refused(monkeypatch):

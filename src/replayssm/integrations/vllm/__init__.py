@@ -12,7 +12,7 @@ Importing this module imports nothing from vLLM.
 
 from __future__ import annotations
 
-from ._common import COUNTS, ENABLE_ENV, WINDOW_ENV, ReplayConfigError, enabled
+from ._common import ARCHITECTURES, COUNTS, ENABLE_ENV, WINDOW_ENV, ReplayConfigError, enabled
 from ._interfaces import SUPPORTED_VERSIONS, UnsupportedVLLMError
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "ENABLE_ENV",
     "WINDOW_ENV",
     "SUPPORTED_VERSIONS",
+    "ARCHITECTURES",
     "ReplayConfigError",
     "UnsupportedVLLMError",
 ]
@@ -72,7 +73,22 @@ def register(force: bool = False) -> bool:
         cls = getattr(importlib.import_module(module), cls_name)
         base = _interfaces.resolve(*_base_of(name))
         base.register_oot(cls, name=name)
+    _register_models()
     return True
+
+
+_saved_models: dict = {}
+
+
+def _register_models() -> None:
+    from vllm import ModelRegistry
+
+    for arch, (cls_name, _) in ARCHITECTURES.items():
+        current = ModelRegistry.models.get(arch)
+        if getattr(current, "module_name", "") == "replayssm.integrations.vllm.models":
+            continue
+        _saved_models[arch] = current
+        ModelRegistry.register_model(arch, f"replayssm.integrations.vllm.models:{cls_name}")
 
 
 def _base_of(name: str) -> tuple[str, str]:
@@ -88,6 +104,15 @@ def unregister() -> None:
     for name in LAYERS:
         if getattr(registry.get(name), "__module__", "").startswith("replayssm."):
             del registry[name]
+    if _saved_models:
+        from vllm import ModelRegistry
+
+        for arch, model in _saved_models.items():
+            if model is None:
+                ModelRegistry.models.pop(arch, None)
+            else:
+                ModelRegistry.models[arch] = model
+        _saved_models.clear()
 
 
 def stats() -> dict[str, int]:

@@ -7,8 +7,9 @@ batch metadata, and the state it writes becomes the row's checkpoint.
 
 State per layer: the checkpoint **is** vLLM's own recurrent-state tensor
 (``kv_cache[1]``: it is written by prefills and by replay flushes only); the
-ring and the per-slot cursors are persistent tensors allocated when vLLM
-binds the cache, sized by its number of state slots.
+ring tensors are extra state tensors in each slot's page of vLLM's cache (so
+vLLM counts them when it sizes the cache); the per-slot cursors are small
+persistent tensors beside the pages. All are sized by vLLM's state slots.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ from ...config import MAX_WINDOW, ReplayConfig
 ENABLE_ENV = "REPLAYSSM_VLLM"
 WINDOW_ENV = "REPLAYSSM_VLLM_WINDOW"
 DEFAULT_WINDOW = 16
+
+#: Architectures whose model class the plugin replaces so vLLM's cache sizing counts the ring
+#: (``models.py``): architecture -> (class in replayssm.integrations.vllm.models, layer family).
+ARCHITECTURES = {
+    "NemotronHForCausalLM": ("ReplayNemotronHForCausalLM", "mamba2"),
+    "Qwen3NextForCausalLM": ("ReplayQwen3NextForCausalLM", "gdn"),
+}
 
 #: How often the adapters ran: tests check that the plugin's layers are used.
 COUNTS: collections.Counter = collections.Counter()
@@ -71,6 +79,13 @@ class Settings:
 
 def settings_for(vllm_config, num_spec: int, layer: str) -> Settings:
     """Check the vLLM configuration for ``layer`` and return the settings (start-up errors here)."""
+    arch = getattr(vllm_config.model_config, "architecture", None)
+    if arch not in ARCHITECTURES:
+        raise ReplayConfigError(
+            f"replayssm vLLM adapter ({layer}): architecture {arch!r} is not supported yet "
+            f"(supported: {', '.join(ARCHITECTURES)}): its cache sizing would not count the replay ring. "
+            "Unset REPLAYSSM_VLLM to run it with stock vLLM."
+        )
     cache = vllm_config.cache_config
     mode = getattr(cache, "mamba_cache_mode", "none")
     if mode != "none":
@@ -94,21 +109,81 @@ def settings_for(vllm_config, num_spec: int, layer: str) -> Settings:
     return Settings(window=window, num_spec=num_spec)
 
 
-class ReplayLayerMixin:
-    """What both layer subclasses add to vLLM's layer: settings, cache spec, ring allocation.
+def ring_layout(family: str, shapes, activation_dtype: torch.dtype, window: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The ring tensors one state slot adds to vLLM's page: ``(name, shape, dtype)``, fp32 ones first.
 
-    Put first in the bases, before the vLLM layer class.
+    ``shapes`` are vLLM's ``(conv_state, ssm_state)`` shapes for one slot (as
+    the layer's ``get_state_shape`` or the model class's
+    ``get_mamba_state_shape_from_config`` give them, after tensor
+    parallelism); the group / key-head count is recovered from the conv
+    width (``conv_dim = heads*head_dim + 2*groups*state`` for Mamba-2,
+    ``2*key_heads*K + value_heads*V`` for GDN).
+    """
+    conv_dim = max(shapes[0])  # (dim, W-1+K) or (W-1+K, dim): dim is the larger
+    L, f32 = window, torch.float32
+    if family == "mamba2":
+        heads, head_dim, state = shapes[1]
+        groups = (conv_dim - heads * head_dim) // (2 * state)
+        return [
+            ("ring_dt", (L, heads), f32),
+            ("ring_logdecay", (L, heads), f32),
+            ("ring_x", (L, heads, head_dim), activation_dtype),
+            ("ring_B", (L, groups, state), activation_dtype),
+        ]
+    value_heads, value_dim, key_dim = shapes[1]
+    key_heads = (conv_dim - value_heads * value_dim) // (2 * key_dim)
+    return [("ring_g", (L, value_heads), f32), ("ring_k", (L, key_heads, key_dim), f32), ("ring_d", (L, value_heads, value_dim), f32)]
+
+
+class ReplayLayerMixin:
+    """What both layer subclasses add to vLLM's layer: settings, cache spec, the ring in vLLM's pages.
+
+    Put first in the bases, before the vLLM layer class. The ring tensors are
+    extra state tensors of the layer (``get_state_shape`` /
+    ``get_state_dtype``), so vLLM packs them into each slot's page and counts
+    them when it sizes the cache; the model classes report the same shapes
+    (``models.py``). Cursors (8 bytes per slot) live beside the pages.
     """
 
     replay: Settings
     replay_ring: dict[str, Tensor]
+    _replay_family: str
 
     def _init_replay(self, num_spec: int, prefix: str, family: str) -> None:
         from vllm.config import get_current_vllm_config
 
         self.replay = settings_for(get_current_vllm_config(), num_spec, prefix)
         self.replay_ring = {}
+        self._replay_family = family
         count(f"{family}_layers")
+
+    def _ring_layout(self, base_shapes):
+        return ring_layout(self._replay_family, base_shapes, self.model_config.dtype, self.replay.window)
+
+    def get_state_shape(self):
+        base = tuple(super().get_state_shape())
+        if not hasattr(self, "replay"):  # asked during the base class's construction
+            return base
+        return base + tuple(shape for _, shape, _ in self._ring_layout(base))
+
+    def get_state_dtype(self):
+        base = tuple(super().get_state_dtype())
+        if not hasattr(self, "replay"):
+            return base
+        return base + tuple(dtype for _, _, dtype in self._ring_layout(tuple(super().get_state_shape())))
+
+    def bind_kv_cache(self, kv_cache) -> None:
+        super().bind_kv_cache(kv_cache)  # slices the page into (conv, ssm, ring...)
+        base = tuple(super().get_state_shape())
+        names = [name for name, _, _ in self._ring_layout(base)]
+        ring = dict(zip(names, self.kv_cache[len(base) :]))
+        slots, dev = self.kv_cache[1].shape[0], self.kv_cache[1].device
+        ring["cursor"] = torch.zeros(slots, dtype=torch.int32, device=dev)
+        ring["pending"] = torch.zeros(slots, dtype=torch.int32, device=dev)
+        self.replay_ring = ring
+        page = self.kv_cache[1].untyped_storage().data_ptr()
+        count("ring_tensors_in_pages", sum(ring[n].untyped_storage().data_ptr() == page for n in names))
+        count("ring_bytes", sum(t.numel() * t.element_size() for t in ring.values()))
 
     def get_kv_cache_spec(self, vllm_config):
         spec = super().get_kv_cache_spec(vllm_config)
@@ -117,16 +192,6 @@ class ReplayLayerMixin:
             # stock vLLM's 1 + K state slots per request are not needed.
             spec = dataclasses.replace(spec, num_speculative_blocks=0)
         return spec
-
-    def _bind_ring(self, layouts: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
-        """Allocate the ring tensors (``name -> (shape after slots and window, dtype)``) and the cursors."""
-        ssm = self.kv_cache[1]
-        slots, L, dev = ssm.shape[0], self.replay.window, ssm.device
-        ring = {name: torch.zeros((slots, L) + shape, dtype=dtype, device=dev) for name, (shape, dtype) in layouts.items()}
-        ring["cursor"] = torch.zeros(slots, dtype=torch.int32, device=dev)
-        ring["pending"] = torch.zeros(slots, dtype=torch.int32, device=dev)
-        self.replay_ring = ring
-        count("ring_bytes", sum(t.numel() * t.element_size() for t in ring.values()))
 
 
 # ---------------------------------------------------------------------------

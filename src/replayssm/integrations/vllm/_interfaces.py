@@ -28,6 +28,14 @@ Private interfaces used (module: name — what for):
   ``cpu_gdn_attention_core`` (the CPU GDN core the prefill is handed to) and
   the ``conv1d._cpu_unpacked_conv_weight`` attribute it documents (the conv
   weight is packed in place on CPUs with AVX512-BF16/AMX).
+* ``vllm.ModelRegistry``: ``register_model`` and its ``models`` dict
+  (saved and restored by ``unregister``); the model classes
+  ``vllm.model_executor.models.nemotron_h.NemotronHForCausalLM`` and
+  ``vllm.model_executor.models.qwen3_next.Qwen3NextForCausalLM`` are
+  subclassed, extending ``get_mamba_state_shape_from_config`` /
+  ``get_mamba_state_dtype_from_config`` (vLLM sizes the cache pages from
+  them); ``MambaBase.bind_kv_cache`` slices each page into the layer's state
+  tensors in ``get_state_shape`` order.
 * ``vllm.model_executor.custom_op``: ``PluggableLayer.register_oot`` and the
   ``op_registry_oot`` dict (``unregister``).
 * ``vllm.model_executor.layers.mamba.mamba_utils``: ``is_conv_state_dim_first``.
@@ -39,6 +47,10 @@ Private interfaces used (module: name — what for):
   whose fields (``num_decodes``, ``state_indices_tensor_d``,
   ``query_start_loc_d``, ``num_accepted_tokens``, ``spec_*``, ``non_spec_*``,
   ...) describe the batch; copied with ``dataclasses.replace``.
+* ``vllm.v1.attention.backends.utils.compute_causal_conv1d_metadata`` — on
+  the GPU, the CUDA prefill conv's launch metadata is rebuilt for the
+  prefill-only part of a mixed GDN batch (not exercised: no vLLM CUDA build
+  here).
 * ``vllm.v1.kv_cache_interface.MambaSpec.num_speculative_blocks``: set to 0
   by the layers' ``get_kv_cache_spec`` (no per-draft state slots).
 * ``vllm.config``: ``get_current_vllm_config`` — ``cache_config``
@@ -70,12 +82,17 @@ REQUIRED = (
     ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "QwenGatedDeltaNetAttention.fix_query_key_value_ordering"),
     ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "QwenGatedDeltaNetAttention.split_ba"),
     ("vllm.model_executor.custom_op", "PluggableLayer.register_oot"),
+    ("vllm", "ModelRegistry.register_model"),
+    ("vllm", "ModelRegistry.models"),
+    ("vllm.model_executor.models.nemotron_h", "NemotronHForCausalLM.get_mamba_state_shape_from_config"),
+    ("vllm.model_executor.models.qwen3_next", "Qwen3NextForCausalLM.get_mamba_state_dtype_from_config"),
     ("vllm.model_executor.custom_op", "op_registry_oot"),
     ("vllm.model_executor.layers.mamba.mamba_utils", "is_conv_state_dim_first"),
     ("vllm.forward_context", "get_forward_context"),
     ("vllm.v1.attention.backends.mamba_attn", "BaseMambaAttentionMetadata"),
     ("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadata"),
     ("vllm.v1.kv_cache_interface", "MambaSpec"),
+    ("vllm.v1.attention.backends.utils", "compute_causal_conv1d_metadata"),
     ("vllm.config", "get_current_vllm_config"),
 )
 

@@ -34,16 +34,6 @@ class ReplayQwenGatedDeltaNet(C.ReplayLayerMixin, QwenGatedDeltaNetAttention):
         # The fused CUDA spec-decode path bypasses _forward_core: keep every step on it.
         self.enable_fused_gdn_spec_decode = False
 
-    def bind_kv_cache(self, kv_cache) -> None:
-        super().bind_kv_cache(kv_cache)
-        _, hv, vdim, kdim = self.kv_cache[1].shape
-        hk = self.num_k_heads // self.tp_size
-        self._bind_ring({
-            "ring_k": ((hk, kdim), torch.float32),
-            "ring_d": ((hv, vdim), torch.float32),
-            "ring_g": ((hv,), torch.float32),
-        })  # fmt: skip
-
     def _checkpoint(self) -> Tensor:
         """vLLM's recurrent state as ``(slots, value_heads, V, K)``.
 
@@ -111,6 +101,14 @@ class ReplayQwenGatedDeltaNet(C.ReplayLayerMixin, QwenGatedDeltaNetAttention):
                 non_spec_query_start_loc=qsl[nd : nd + npf + 1] - ndt,
                 has_initial_state=md.has_initial_state[nd : nd + npf],
             )
+            if nd > 0 and not self._replay_on_cpu:
+                # vLLM's CUDA prefill conv reads launch metadata built over decodes + prefills: rebuild it.
+                from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
+
+                nums_dict, batch_ptr, offsets = compute_causal_conv1d_metadata(
+                    prefill_md.non_spec_query_start_loc.cpu(), device=mixed_qkv.device
+                )
+                prefill_md = C.replace(prefill_md, nums_dict=nums_dict, batch_ptr=batch_ptr, token_chunk_offset_ptr=offsets)
             out = core_attn_out[ndt : ndt + npt]
             self._prefill(mixed_qkv[ndt : ndt + npt], b[ndt : ndt + npt], a[ndt : ndt + npt], out, prefill_md)
 

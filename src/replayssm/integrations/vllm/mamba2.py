@@ -27,18 +27,6 @@ class ReplayMambaMixer2(C.ReplayLayerMixin, MambaMixer2):
         super().__init__(*args, **kwargs)
         self._init_replay(self.num_spec, self.prefix, "mamba2")
 
-    def bind_kv_cache(self, kv_cache) -> None:
-        super().bind_kv_cache(kv_cache)
-        _, heads, head_dim, state_size = self.kv_cache[1].shape
-        groups = self.n_groups // self.tp_size
-        act = self.model_config.dtype if self.model_config is not None else torch.float32
-        self._bind_ring({
-            "ring_x": ((heads, head_dim), act),
-            "ring_B": ((groups, state_size), act),
-            "ring_dt": ((heads,), torch.float32),
-            "ring_logdecay": ((heads,), torch.float32),
-        })  # fmt: skip
-
     # -- the step ----------------------------------------------------------------
 
     def conv_ssm_forward(self, projected_states: Tensor, output: Tensor):
