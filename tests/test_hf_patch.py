@@ -174,3 +174,16 @@ def test_context_repr_names_families():
 def test_import_replayssm_does_not_import_transformers():
     code = "import sys, replayssm; assert 'transformers' not in sys.modules; replayssm.patch; assert 'transformers' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_deepcopy_of_a_patched_model_is_patched_and_unpatchable():
+    import copy
+
+    model = replayssm.patch(testing.tiny_model("qwen3_5"), replayssm.ReplayConfig(window=3))
+    expected = _greedy(model)
+    twin = copy.deepcopy(model)
+    assert is_patched(twin) and twin._replayssm is not model._replayssm
+    assert all(a.mixer is not b.mixer for a, b in zip(twin._replayssm.adapters.values(), model._replayssm.adapters.values()))
+    assert torch.equal(_greedy(twin), expected)
+    replayssm.unpatch(twin)
+    assert _patch_attributes(twin) == [] and is_patched(model)

@@ -20,9 +20,6 @@ from torch import nn
 from ...config import ReplayConfig
 from .registry import SUPPORTED_MODEL_TYPES, handler_for, mixer_like
 
-_MISSING = object()
-
-
 class PatchContext:
     """What one patch of one model shares: the config and the adapters by cache layer index."""
 
@@ -32,7 +29,9 @@ class PatchContext:
         self.model_name = type(model).__name__
         self.adapters: dict[int, object] = {}
         self.num_layers = _cache_layer_count(model)
-        self.saved_is_stateful = model.__dict__.get("_is_stateful", _MISSING)
+        # an instance-level _is_stateful the user had set before patching (restored by unpatch)
+        self.had_is_stateful = "_is_stateful" in model.__dict__
+        self.saved_is_stateful = model.__dict__.get("_is_stateful")
 
     def __repr__(self) -> str:
         families = sorted({a.family for a in self.adapters.values()})
@@ -156,10 +155,10 @@ def unpatch(model: nn.Module) -> nn.Module:
             del mixer.forward
         mixer.__dict__.pop("_replayssm", None)
     del model._replayssm
-    if context.saved_is_stateful is _MISSING:
-        model.__dict__.pop("_is_stateful", None)
-    else:
+    if context.had_is_stateful:
         model._is_stateful = context.saved_is_stateful
+    else:
+        model.__dict__.pop("_is_stateful", None)
     return model
 
 
