@@ -132,3 +132,18 @@ def test_crop_beyond_the_speculative_run_is_a_clear_error():
         layer.crop(-2)
     for name, t in layer.replay.tensors().items():
         assert torch.equal(t, before[name]), name
+
+
+def test_prefill_tail_growth_is_undone_at_the_first_crop():
+    """While recording, a prefill keeps up to 24 tokens rollable (the ring grows); the first crop restores the window."""
+    model = replayssm.patch(testing.tiny_model("qwen3_5"), replayssm.ReplayConfig(window=4))
+    ids = _ids(length=30, seed=12)
+    cache = testing.new_cache(model)
+    cache.activate_past_recording()
+    _forward(model, ids[:, :20], cache)  # prompt + drafted tokens, as assisted decoding's first verification
+    layer = _replay_layers(cache)[0]
+    assert layer.replay.window == 19
+    cache.crop(-7)  # 7 drafted tokens rejected
+    assert layer.replay.window == 4 and int(layer.replay.cursor[0]) == 0
+    got = _forward(model, ids[:, 13:14], cache)
+    torch.testing.assert_close(got, _forward(model, ids[:, :14]), atol=ATOL, rtol=0)

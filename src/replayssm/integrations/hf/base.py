@@ -120,6 +120,7 @@ class MixerAdapter:
             hidden_states[:, :head], cache, mask[:, -num_tokens:][:, :head] if mask is not None else None, kwargs
         )
         commit = layer.begin_step(tail)
+        layer.shrink_after_crop = layer.replay.window > window
         out_tail = self.replay(hidden_states[:, head:], layer, mask[:, -tail:] if mask is not None else None, commit)
         layer.end_step(tail, commit)
         return torch.cat([out_head, out_tail], dim=1)

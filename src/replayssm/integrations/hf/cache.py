@@ -83,6 +83,7 @@ class ReplayLayerMixin(ABC):
         self._cursor = 0
         self.rolled_back = 0  # tokens taken back by crops, over the layer's life (for tests and the demo)
         self.seen_tokens = 0  # tokens the state holds (what get_seq_length reports for all-SSM caches)
+        self.shrink_after_crop = False  # the ring grew for a prefill's rollable tail: restore the window at the next crop
 
     # -- what transformers calls -----------------------------------------------
 
@@ -228,6 +229,20 @@ class ReplayLayerMixin(ABC):
             if self._cursor is not None:
                 self._cursor -= back
         self._spec = 0
+        if self.shrink_after_crop:
+            self._restore_window()
+
+    def _restore_window(self) -> None:
+        """Back to the configured window: fold every (now final) entry into a state of that window."""
+        self.shrink_after_crop = False
+        configured = self.replay_adapter.config.window
+        if self.replay.window <= configured:
+            return
+        folded = self.replay.materialize()
+        adapter = self.replay_adapter
+        self._set_state(adapter.new_state(self.replay.slots, adapter.config, self.replay.device))
+        self.replay.load(None, folded)
+        self._cursor = 0
 
     def _fold_front(self, m: int) -> None:
         """Fold the first ``m`` committed ring entries into the checkpoint; shift the rest to the front."""
