@@ -126,8 +126,8 @@ def run_demo(device=None, size: str = "small", new_tokens: int = 64, window: int
     prompt = torch.cat([phrase, phrase, phrase[:4]]).unsqueeze(0).to(device)  # repeats itself: prompt lookup helps
     config = ReplayConfig(window=window)
     n_params = sum(p.numel() for p in model.parameters())
-    say(f"replayssm demo: random Nemotron-H-style hybrid ({len(model.config.layers_block_type)} layers: "
-        f"{', '.join(model.config.layers_block_type)}; {n_params / 1e6:.1f}M parameters), {device}, fp32, "
+    say(f"replayssm demo: random Nemotron-H-style hybrid ({len(SIZES[size]['layers_block_type'])} layers: "
+        f"{', '.join(SIZES[size]['layers_block_type'])}; {n_params / 1e6:.1f}M parameters), {device}, fp32, "
         f"transformers {transformers.__version__}")  # fmt: skip
 
     assistant = copy.deepcopy(model)  # perturbed below: right often, wrong sometimes
