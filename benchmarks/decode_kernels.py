@@ -20,7 +20,7 @@ One call on the GPU does everything (issue 3, item 3):
 
 Prints a table last; writes ``decode_kernels.json`` and ``decode_kernels.png``
 (matplotlib, the ``bench`` extra) into ``--out``. ``--sweep`` first times a
-few launch configurations per kernel at the headline point (to fill
+few launch configurations of the replay main kernel at the headline point (to fill
 ``replayssm/ops/triton/configs.py`` by hand). ``--dry-run`` runs the step
 plumbing once on tiny sizes under the Triton interpreter (no GPU).
 """
@@ -256,7 +256,16 @@ def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=F
     return row
 
 
-SWEEP_REPLAY = [LaunchConfig(16, 1, 2), LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2)]
+# Replay T = 1 candidates. Mamba-2: its main launch (split 64: one tile per program at these sizes);
+# GDN: its single replay kernel (block >= 16, the fold is a tl.dot).
+SWEEP_REPLAY = {
+    "mamba2": [LaunchConfig(8, 64, 1), LaunchConfig(16, 64, 1), LaunchConfig(16, 64, 2), LaunchConfig(32, 64, 4)],
+    "gdn": [LaunchConfig(16, 1, 2), LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2)],
+}
+
+
+def _sweep_configs(geometry) -> list[LaunchConfig]:
+    return SWEEP_REPLAY["mamba2" if isinstance(geometry, Mamba2Geometry) else "gdn"]
 
 
 def sweep(geometries, device, log) -> tuple[list[dict], dict]:
@@ -266,7 +275,7 @@ def sweep(geometries, device, log) -> tuple[list[dict], dict]:
     out, best = [], {}
     for name, geometry in geometries.items():
         case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device, conventional=False)
-        for cfg in SWEEP_REPLAY:
+        for cfg in _sweep_configs(geometry):
             try:
                 us = time_graph_per_step(case.replay_steps(cfg, via_op=False), repeats=10)
             except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
@@ -287,7 +296,7 @@ def dry_run() -> None:
         case = Case(geometry, 3, 4, "cpu")
         for step in case.replay_steps(via_op=False) + case.conventional_steps(via_op=False) + case.replay_steps():
             step()
-        for cfg in SWEEP_REPLAY:
+        for cfg in _sweep_configs(geometry):
             case.replay_steps(cfg, via_op=False)[0]()
         cfg = mamba2_replay_config(16, 16) if case.mamba2 else gdn_replay_config(16, 16)
         conv = mamba2_conventional_config(16, 16) if case.mamba2 else gdn_conventional_config(16, 16)

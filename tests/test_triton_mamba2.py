@@ -122,15 +122,17 @@ def test_replay_step_without_optional_inputs_and_uncommitted(device):
         assert rel_err(ours[1], theirs[1]) < 1e-6 and rel_err(ours[4], theirs[4]) < 1e-6
 
 
+# (main / verify kernel config, T = 1 flush kernel config); a block under 16 is for the main kernel only
 VARIANTS = [
-    pytest.param(LaunchConfig(32, 1, 4), id="block32-split1"),
-    pytest.param(LaunchConfig(16, 2, 2), id="block16-split2"),
+    pytest.param(LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2), id="block32-split1"),
+    pytest.param(LaunchConfig(16, 2, 2), LaunchConfig(32, 1, 4), id="block16-split2"),
+    pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4), id="block8-one-tile-per-program"),
 ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("config", VARIANTS)
-def test_replay_step_launch_variants(config, device):
+@pytest.mark.parametrize("config, flush_config", VARIANTS)
+def test_replay_step_launch_variants(config, flush_config, device):
     """Launch variants the table may pick (tile height, heads split over programs), T = 1 and T = 2."""
     batch, heads, head_dim, state_size, groups, window = 2, 2, 48, 32, 1, 4
     gen = _gen()
@@ -143,7 +145,7 @@ def test_replay_step_launch_variants(config, device):
         x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=T)
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, config=config)
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, config=config if T == 1 or config.block >= 16 else None, flush_config=flush_config)
         assert rel_err(y, y_ref) < 1e-5
         for a, b in zip(ours, theirs):
             assert rel_err(a, b) < 1e-5

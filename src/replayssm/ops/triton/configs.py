@@ -3,8 +3,13 @@
 Each kernel processes one (row, head) state of ``dim x key_dim`` (Mamba-2:
 head_dim x state_size; GDN: value_dim x key_dim) in tiles of ``block`` rows of
 the full key dimension. ``split`` programs share one head's tiles (a program
-loops over every ``split``-th tile), so per-head work done once per program
-(GDN's ring-key dot products, Mamba-2's B.C products) is shared by its tiles.
+loops over every ``split``-th tile; ``split`` = number of tiles gives one tile
+per program). Mamba-2 kernels: the replay T = 1 main launch
+(``mamba2_replay_config``), its flush launch (``mamba2_flush_config``, block
+>= 16: the fold is a ``tl.dot``), the verification kernel (T > 1,
+``mamba2_verify_config``, block >= 16) and the conventional one; the replay
+weights launch has a fixed shape. GDN: one replay kernel for T = 1 and T > 1
+(``gdn_replay_config``, block >= 16) and the conventional one.
 
 The figures behind these choices are in docs/kernels.md (tuning log); the
 benchmark's ``--sweep`` mode times alternatives. A shape missing from a table
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    block: int  # rows of the state tile (head_dim or value_dim direction), a power of two; >= 16 for replay (its fold is a tl.dot)
+    block: int  # rows of the state tile (head_dim or value_dim direction), a power of two; >= 16 where a fold is a tl.dot
     split: int  # programs per head (1 = one program loops over all tiles of its head)
     num_warps: int
     num_stages: int = 1
@@ -28,7 +33,18 @@ class LaunchConfig:
 
 
 # (dim, key_dim) -> config, fp32 state. Keys: head_dim x state_size (Mamba-2), value_dim x key_dim (GDN).
+# Replay T = 1 main launch: shaped like the conventional kernel (one small tile per small program).
 _MAMBA2_REPLAY = {
+    (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
+    (64, 128): LaunchConfig(block=8, split=8, num_warps=1),
+}
+# Replay T = 1 flush launch (only rows whose ring is full work; the fold is a tl.dot: block >= 16).
+_MAMBA2_FLUSH = {
+    (80, 128): LaunchConfig(block=16, split=1, num_warps=4),
+    (64, 128): LaunchConfig(block=16, split=1, num_warps=4),
+}
+# Verification (T > 1): one program per (row, head) walking its tiles (block >= 16).
+_MAMBA2_VERIFY = {
     (80, 128): LaunchConfig(block=16, split=1, num_warps=2),
     (64, 128): LaunchConfig(block=16, split=1, num_warps=2),
 }
@@ -36,6 +52,8 @@ _MAMBA2_CONVENTIONAL = {
     (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
     (64, 128): LaunchConfig(block=8, split=8, num_warps=1),
 }
+# GDN replay (T = 1 and T > 1): one program per (row, value head) walking its tiles, fold in the same
+# kernel (block >= 16). The three-launch form of Mamba-2 was slower for GDN as configured (tuning log, run 5).
 _GDN_REPLAY = {
     (128, 128): LaunchConfig(block=32, split=1, num_warps=4),
 }
@@ -55,7 +73,15 @@ def _pick(table: dict, dim: int, key_dim: int, loop: bool) -> LaunchConfig:
 
 
 def mamba2_replay_config(head_dim: int, state_size: int) -> LaunchConfig:
-    return _pick(_MAMBA2_REPLAY, head_dim, state_size, loop=True)
+    return _pick(_MAMBA2_REPLAY, head_dim, state_size, loop=False)
+
+
+def mamba2_flush_config(head_dim: int, state_size: int) -> LaunchConfig:
+    return _pick(_MAMBA2_FLUSH, head_dim, state_size, loop=True)
+
+
+def mamba2_verify_config(head_dim: int, state_size: int) -> LaunchConfig:
+    return _pick(_MAMBA2_VERIFY, head_dim, state_size, loop=True)
 
 
 def mamba2_conventional_config(head_dim: int, state_size: int) -> LaunchConfig:

@@ -1,21 +1,26 @@
-"""Triton kernels for Mamba-2: the replay step (T = 1) and the conventional baseline.
+"""Triton kernels for Mamba-2: the replay step (T = 1), verification (T > 1) and the conventional baseline.
 
-Replay step, one token per row (docs/ops.md, SPEC §2). One launch of
-``_mamba2_replay_kernel`` over (tile group, head, row) computes the outputs
-and, for rows whose ring is full, folds the ring into the checkpoint (the
-only checkpoint write, per row, decided inside the kernel). Then
-``_mamba2_append_kernel`` (one program per row) appends the entry parts that
-several programs of a row read (B, dt, dt*A) and moves the cursor. Two
-launches because the cursor and those shared entries may only change once
-every program of the row has read them; there is no grid-wide barrier.
+Replay step, one token per row (docs/ops.md, SPEC §2), three launches:
 
-The main kernel writes each head's ``x`` entry itself: only the program that
-owns that head tile reads it, and in a flush a CTA barrier separates the
-fold's reads from the write of position 0.
+1. ``_mamba2_flush_kernel`` over (tile group, head, row): rows whose ring is
+   full fold it into the checkpoint (fp32, stored in the checkpoint dtype)
+   and compute their output from the stored tile; every other program exits
+   after reading its cursor. The only checkpoint write.
+2. ``_mamba2_weights_kernel`` over (group, row): per head, the scalars the
+   main launch needs (ring weights ``exp(G(i, t)) dt_i (B_i . C_t)``, the
+   checkpoint decay, the token's own weight) into a small scratch tensor;
+   appends B, dt, dt*A at the row's ring position; records that position.
+3. ``_mamba2_main_kernel`` over (tile, head, row), shaped like the
+   conventional kernel: one read of a checkpoint tile plus the ring's x
+   slice gives the outputs of the rows that did not fold; writes the tile's
+   x entry; never writes the state. One program per row moves the cursor:
+   nothing in this launch reads it.
 
-Both kernels read every device value they need (rows, cursors) on the
-device: no host synchronisation, no allocation but the output, so a step can
-be captured in a CUDA graph.
+Launches are ordered, which is the only synchronisation needed: each ring
+position and the cursor change only in a launch after every reader of them.
+Everything is read on the device (no host synchronisation); the only
+allocations are the output and the scratch, so a step can be captured in a
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ from torch import Tensor
 
 from .. import reference
 from .common import device_context, fold_tile, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
-from .configs import LaunchConfig, mamba2_conventional_config, mamba2_replay_config
+from .configs import LaunchConfig, mamba2_conventional_config, mamba2_flush_config, mamba2_replay_config, mamba2_verify_config
 
 
 @triton.jit
-def _mamba2_replay_kernel(
+def _mamba2_flush_kernel(
     p_x, p_dt, p_A, p_B, p_C, p_D, p_dt_bias, p_z, p_y,
     p_ckpt, p_ring_x, p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows,
     s_x_b, s_x_h, s_x_p,
@@ -50,91 +55,193 @@ def _mamba2_replay_kernel(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
+    """Launch 1 of a T = 1 step: rows whose ring is full fold it and compute their output; others exit.
+
+    Fold in fp32 (one rank-L ``tl.dot`` per tile), store in the checkpoint dtype, and form
+    ``y = exp(l_t) S C_t + (dt_t B_t.C_t + D) x_t`` from the stored (rounded) tile: after a fold
+    the ring is empty, so no other term enters and the main launch skips the row.
+    """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_g = i_h // heads_per_group
     slot = tl.load(p_rows + i_b).to(tl.int64)
-    i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
+    cur = tl.load(p_cursor + slot)
+    if cur + 1 > L:
+        i_g = i_h // heads_per_group
+        i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
+        o_n = tl.arange(0, BLOCK_N)
+        o_l = tl.arange(0, BLOCK_L)
+        m_n = o_n < N
+        m_hist = o_l < cur
+        b_rld = tl.load(p_ring_ld + slot * s_rld_s + i_h64 * s_rld_h + o_l * s_rld_l, mask=m_hist, other=0.0).to(tl.float32)
+        b_rdt = tl.load(p_ring_dt + slot * s_rdt_s + i_h64 * s_rdt_h + o_l * s_rdt_l, mask=m_hist, other=0.0).to(tl.float32)
+        b_rB = tl.load(
+            p_ring_B + slot * s_rB_s + i_g64 * s_rB_g + o_l[:, None] * s_rB_l + o_n[None, :] * s_rB_n,
+            mask=m_hist[:, None] & m_n[None, :], other=0.0,
+        ).to(tl.float32)
+        b_wf = tl.where(m_hist, tl.exp(suffix_sums(b_rld, o_l)) * b_rdt, 0.0)
+        b_decay_f = tl.exp(tl.sum(b_rld, axis=0))
+        # The token's scalars.
+        b_dt = tl.load(p_dt + i_b64 * s_dt_b + i_h64 * s_dt_h).to(tl.float32)
+        if HAS_DT_BIAS:
+            b_dt += tl.load(p_dt_bias + i_h).to(tl.float32)
+        if DT_SOFTPLUS:
+            b_dt = softplus(b_dt)
+        b_decay = tl.exp(b_dt * tl.load(p_A + i_h).to(tl.float32))
+        b_B = tl.load(p_B + i_b64 * s_B_b + i_g64 * s_B_g + o_n * s_B_n, mask=m_n, other=0.0).to(tl.float32)
+        b_C = tl.load(p_C + i_b64 * s_C_b + i_g64 * s_C_g + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
+        b_wx = b_dt * tl.sum(b_B * b_C, axis=0)
+        if HAS_D:
+            b_wx += tl.load(p_D + i_h).to(tl.float32)
+        p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
+        p_ring_row_x = p_ring_x + slot * s_rx_s + i_h64 * s_rx_h
+        for i_p in range(i_s, NUM_TILES, SPLIT):
+            o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
+            m_p = o_p < P
+            m_tile = m_p[:, None] & m_n[None, :]
+            p_tile = p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n
+            b_S = tl.load(p_tile, mask=m_tile, other=0.0).to(tl.float32)
+            b_rx = tl.load(
+                p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_hist[:, None] & m_p[None, :], other=0.0
+            ).to(tl.float32)
+            # S <- exp(G) S + sum_i exp(G_i) dt_i x_i B_i^T, in fp32; outputs from the stored tile.
+            b_S_stored = fold_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB).to(p_ckpt.dtype.element_ty)
+            tl.store(p_tile, b_S_stored, mask=m_tile)
+            b_x = tl.load(p_x + i_b64 * s_x_b + i_h64 * s_x_h + o_p * s_x_p, mask=m_p, other=0.0).to(tl.float32)
+            b_y = b_decay * tl.sum(b_S_stored.to(tl.float32) * b_C[None, :], axis=1) + b_wx * b_x
+            if HAS_Z:
+                b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
+                b_y = b_y * b_z * sigmoid(b_z)
+            tl.store(p_y + i_b64 * s_y_b + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
+
+
+@triton.jit
+def _mamba2_weights_kernel(
+    p_dt, p_A, p_B, p_C, p_D, p_dt_bias,
+    p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows, p_w, p_pos,
+    s_dt_b, s_dt_h,
+    s_B_b, s_B_g, s_B_n,
+    s_C_b, s_C_g, s_C_n,
+    s_rB_s, s_rB_l, s_rB_g, s_rB_n,
+    s_rdt_s, s_rdt_l, s_rdt_h,
+    s_rld_s, s_rld_l, s_rld_h,
+    s_w_b, s_w_h,
+    N, L, heads_per_group,
+    HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+):  # fmt: skip
+    """Launch 2 of a T = 1 step, one program per (group, row): the scalars of the main launch, and the append.
+
+    For each head h of the group, into ``w[b, h]``: ``w_i = exp(G(i, t)) dt_i (B_i . C_t)`` for
+    the ring entries i < c (zero beyond), then ``exp(sum_i l_i + l_t)`` and ``dt_t (B_t . C_t) + D``
+    (the B.C products once per group). Then the entry parts every tile reads (B, dt, dt*A) go to
+    ring position c, and ``pos[b]`` gets c, or -1 if the row was folded by launch 1. Position c is
+    read by no program of this launch (they read i < c); the cursor is moved by the main launch.
+    """
+    i_g, i_b = tl.program_id(0), tl.program_id(1)
+    i_g64, i_b64 = i_g.to(tl.int64), i_b.to(tl.int64)
+    slot = tl.load(p_rows + i_b).to(tl.int64)
     cur = tl.load(p_cursor + slot)
     flush = cur + 1 > L
     c_eff = tl.where(flush, 0, cur)
+    o_n = tl.arange(0, BLOCK_N)
+    o_l = tl.arange(0, BLOCK_L)
+    o_j = tl.arange(0, BLOCK_J)
+    m_n = o_n < N
+    m_j = o_j < heads_per_group
+    m_ring = o_l < c_eff
+    o_h = (i_g * heads_per_group + o_j).to(tl.int64)
+    b_dt = tl.load(p_dt + i_b64 * s_dt_b + o_h * s_dt_h, mask=m_j, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        b_dt += tl.load(p_dt_bias + o_h, mask=m_j, other=0.0).to(tl.float32)
+    if DT_SOFTPLUS:
+        b_dt = softplus(b_dt)
+    b_ld = b_dt * tl.load(p_A + o_h, mask=m_j, other=0.0).to(tl.float32)
+    b_B_raw = tl.load(p_B + i_b64 * s_B_b + i_g64 * s_B_g + o_n * s_B_n, mask=m_n, other=0.0)
+    b_C = tl.load(p_C + i_b64 * s_C_b + i_g64 * s_C_g + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
+    b_rB = tl.load(
+        p_ring_B + slot * s_rB_s + i_g64 * s_rB_g + o_l[:, None] * s_rB_l + o_n[None, :] * s_rB_n,
+        mask=m_ring[:, None] & m_n[None, :], other=0.0,
+    ).to(tl.float32)
+    b_bc = tl.sum(b_rB * b_C[None, :], axis=1)  # (L,)
+    m_jl = m_j[:, None] & m_ring[None, :]
+    b_rld = tl.load(p_ring_ld + slot * s_rld_s + o_l[None, :] * s_rld_l + o_h[:, None] * s_rld_h, mask=m_jl, other=0.0).to(tl.float32)
+    b_rdt = tl.load(p_ring_dt + slot * s_rdt_s + o_l[None, :] * s_rdt_l + o_h[:, None] * s_rdt_h, mask=m_jl, other=0.0).to(tl.float32)
+    # suffix[j, i] = sum_{m > i} l[j, m]: direct segment sums per head
+    b_suffix = tl.sum(tl.where(o_l[None, None, :] > o_l[None, :, None], b_rld[:, None, :], 0.0), axis=2)
+    b_w = tl.where(m_jl, tl.exp(b_suffix + b_ld[:, None]) * b_rdt * b_bc[None, :], 0.0)
+    b_decay = tl.exp(tl.sum(b_rld, axis=1) + b_ld)
+    b_wx = b_dt * tl.sum(b_B_raw.to(tl.float32) * b_C, axis=0)
+    if HAS_D:
+        b_wx += tl.load(p_D + o_h, mask=m_j, other=0.0).to(tl.float32)
+    p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
+    tl.store(p_w_rows[:, None] + o_l[None, :], b_w, mask=m_j[:, None] & (o_l[None, :] < L))
+    tl.store(p_w_rows + L, b_decay, mask=m_j)
+    tl.store(p_w_rows + L + 1, b_wx, mask=m_j)
+    # append
+    tl.store(p_ring_B + slot * s_rB_s + c_eff * s_rB_l + i_g64 * s_rB_g + o_n * s_rB_n, b_B_raw.to(p_ring_B.dtype.element_ty), mask=m_n)
+    tl.store(p_ring_dt + slot * s_rdt_s + c_eff * s_rdt_l + o_h * s_rdt_h, b_dt, mask=m_j)
+    tl.store(p_ring_ld + slot * s_rld_s + c_eff * s_rld_l + o_h * s_rld_h, b_ld, mask=m_j)
+    tl.store(p_pos + i_b, tl.where(flush, -1, c_eff).to(tl.int32), mask=i_g == 0)
 
+
+@triton.jit
+def _mamba2_main_kernel(
+    p_x, p_C, p_z, p_y, p_ckpt, p_ring_x, p_cursor, p_pending, p_rows, p_w, p_pos,
+    s_x_b, s_x_h, s_x_p,
+    s_C_b, s_C_g, s_C_n,
+    s_z_b, s_z_h, s_z_p,
+    s_y_b, s_y_h, s_y_p,
+    s_ck_s, s_ck_h, s_ck_p, s_ck_n,
+    s_rx_s, s_rx_l, s_rx_h, s_rx_p,
+    s_w_b, s_w_h,
+    P, N, L, heads_per_group,
+    COMMIT: tl.constexpr, HAS_Z: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Launch 3 of a T = 1 step, shaped like the conventional kernel: per state tile of a row that did
+    not fold, ``y = decay S C_t + sum_i w_i x_i + w_x x_t`` from one read of the tile and the ring's x
+    slice; writes y and the tile's x entry (every row), never the state; moves the cursor (once per row)."""
+    i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_g = i_h // heads_per_group
+    i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
+    slot = tl.load(p_rows + i_b).to(tl.int64)
+    pos = tl.load(p_pos + i_b)
+    live = pos >= 0  # the row was not folded by launch 1 (which wrote its output)
+    c_eff = tl.maximum(pos, 0)
+    first = (i_s == 0) & (i_h == 0)
+    if COMMIT:
+        tl.store(p_cursor + slot, c_eff + 1, mask=first)
+        tl.store(p_pending + slot, 0, mask=first)
+    else:
+        tl.store(p_cursor + slot, c_eff, mask=first)
+        tl.store(p_pending + slot, 1, mask=first)
     o_n = tl.arange(0, BLOCK_N)
     o_l = tl.arange(0, BLOCK_L)
     m_n = o_n < N
-    m_hist = o_l < cur  # the committed entries (folded if the row flushes)
-    m_ring = o_l < c_eff  # the entries the outputs read from the ring
-
-    p_ck_head = p_ckpt + slot * s_ck_s + i_h.to(tl.int64) * s_ck_h
-    # Issue the first tile's load before the per-program prologue (software prefetch).
-    o_p = i_s * BLOCK_P + tl.arange(0, BLOCK_P)
-    b_S_next = tl.load(
-        p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n,
-        mask=(o_p[:, None] < P) & (o_n[None, :] < N), other=0.0,
-    )
-
-    # The token: dt after bias and softplus, its log-decay, B and C of the head's group.
-    b_dt = tl.load(p_dt + i_b64 * s_dt_b + i_h64 * s_dt_h).to(tl.float32)
-    if HAS_DT_BIAS:
-        b_dt += tl.load(p_dt_bias + i_h).to(tl.float32)
-    if DT_SOFTPLUS:
-        b_dt = softplus(b_dt)
-    b_A = tl.load(p_A + i_h).to(tl.float32)
-    b_ld = b_dt * b_A
-    b_B = tl.load(p_B + i_b64 * s_B_b + i_g64 * s_B_g + o_n * s_B_n, mask=m_n, other=0.0).to(tl.float32)
+    m_ring = o_l < c_eff
+    p_w_row = p_w + i_b64 * s_w_b + i_h64 * s_w_h
+    b_w = tl.load(p_w_row + o_l, mask=m_ring, other=0.0)
+    b_decay = tl.load(p_w_row + L)
+    b_wx = tl.load(p_w_row + L + 1)
     b_C = tl.load(p_C + i_b64 * s_C_b + i_g64 * s_C_g + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
-
-    # Ring weights, once per program: exp(G(i, t)) dt_i (B_i . C_t) for the committed entries.
-    p_ring_row_ld = p_ring_ld + slot * s_rld_s + i_h64 * s_rld_h
-    p_ring_row_dt = p_ring_dt + slot * s_rdt_s + i_h64 * s_rdt_h
-    b_rld = tl.load(p_ring_row_ld + o_l * s_rld_l, mask=m_hist, other=0.0).to(tl.float32)
-    b_rdt = tl.load(p_ring_row_dt + o_l * s_rdt_l, mask=m_hist, other=0.0).to(tl.float32)
-    p_ring_row_B = p_ring_B + slot * s_rB_s + i_g64 * s_rB_g
-    b_rB = tl.load(
-        p_ring_row_B + o_l[:, None] * s_rB_l + o_n[None, :] * s_rB_n, mask=m_hist[:, None] & m_n[None, :], other=0.0
-    ).to(tl.float32)
-    b_suffix = suffix_sums(b_rld, o_l)
-    # fold weights (used when the row flushes) and output weights (zero then: the ring is empty after the fold)
-    b_wf = tl.where(m_hist, tl.exp(b_suffix) * b_rdt, 0.0)
-    b_decay_f = tl.exp(tl.sum(b_rld, axis=0))
-    b_w = tl.where(m_ring, tl.exp(b_suffix + b_ld) * b_rdt * tl.sum(b_rB * b_C[None, :], axis=1), 0.0)
-    b_decay = tl.exp(tl.where(flush, 0.0, tl.sum(b_rld, axis=0)) + b_ld)
-    b_w_t = b_dt * tl.sum(b_B * b_C, axis=0)
-    if HAS_D:
-        b_D = tl.load(p_D + i_h).to(tl.float32)
-
+    p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
     p_ring_row_x = p_ring_x + slot * s_rx_s + i_h64 * s_rx_h
     for i_p in range(i_s, NUM_TILES, SPLIT):
         o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
         m_p = o_p < P
-        m_tile = m_p[:, None] & m_n[None, :]
-        p_tile = p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n
-        b_S = b_S_next.to(tl.float32)
-        o_p_next = (i_p + SPLIT) * BLOCK_P + tl.arange(0, BLOCK_P)
-        b_S_next = tl.load(
-            p_ck_head + o_p_next[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n,
-            mask=(o_p_next[:, None] < P) & m_n[None, :], other=0.0,
-        )
-        b_rx = tl.load(
-            p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_hist[:, None] & m_p[None, :], other=0.0
+        m_out = tl.where(live, m_p, False)  # (m_p & live: a bool scalar in a mask trips the interpreter)
+        b_S = tl.load(
+            p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n, mask=m_out[:, None] & m_n[None, :], other=0.0
         ).to(tl.float32)
-        if flush:
-            # Fold the ring in one rank-L update, in fp32: S <- exp(G) S + sum_i exp(G_i) dt_i x_i B_i^T.
-            b_S = fold_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB)
-            b_S_stored = b_S.to(p_ckpt.dtype.element_ty)
-            tl.store(p_tile, b_S_stored, mask=m_tile)
-            # Outputs use the checkpoint as stored.
-            b_S = b_S_stored.to(tl.float32)
-            # Every thread has read ring_x[0] before anyone overwrites it below.
-            tl.debug_barrier()
+        b_rx = tl.load(
+            p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_ring[:, None] & m_p[None, :], other=0.0
+        ).to(tl.float32)
         b_x_raw = tl.load(p_x + i_b64 * s_x_b + i_h64 * s_x_h + o_p * s_x_p, mask=m_p, other=0.0)
-        b_x = b_x_raw.to(tl.float32)
-        b_y = b_decay * tl.sum(b_S * b_C[None, :], axis=1) + tl.sum(b_w[:, None] * b_rx, axis=0) + b_w_t * b_x
-        if HAS_D:
-            b_y += b_D * b_x
+        b_y = b_decay * tl.sum(b_S * b_C[None, :], axis=1) + tl.sum(b_w[:, None] * b_rx, axis=0) + b_wx * b_x_raw.to(tl.float32)
         if HAS_Z:
-            b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
+            b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_out, other=0.0).to(tl.float32)
             b_y = b_y * b_z * sigmoid(b_z)
-        tl.store(p_y + i_b64 * s_y_b + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
+        tl.store(p_y + i_b64 * s_y_b + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_out)
         tl.store(p_ring_row_x + c_eff * s_rx_l + o_p * s_rx_p, b_x_raw.to(p_ring_x.dtype.element_ty), mask=m_p)
 
 
@@ -161,8 +268,9 @@ def _mamba2_verify_kernel(
 ):  # fmt: skip
     """T >= 2 tokens per row (verification): outputs from checkpoint + committed ring + causal terms.
 
-    Same structure as ``_mamba2_replay_kernel``; the per-program weights become
-    ``T x L`` (ring) and ``T x T`` (causal, among the new tokens) matrices.
+    A program owns a (row, head) state (or a ``1/split`` share of its tiles): per program, the
+    row's flush decision and the weights, as ``T x L`` (ring) and ``T x T`` (causal, among the new
+    tokens) matrices; per tile, the fold if the row flushes, then the T outputs.
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_g = i_h // heads_per_group
@@ -398,17 +506,21 @@ def mamba2_step_out(
     x, dt, A, B, C, D, dt_bias, z,
     checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending,
     rows, commit: bool, dt_softplus: bool, y: Tensor, config: LaunchConfig | None = None,
+    flush_config: LaunchConfig | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``y``; see ``replayssm.ops.mamba2_step``.
 
-    T = 1 (decoding) runs ``_mamba2_replay_kernel``, T > 1 (verification) ``_mamba2_verify_kernel``.
+    T = 1 (decoding): ``_mamba2_flush_kernel``, ``_mamba2_weights_kernel``, ``_mamba2_main_kernel``
+    (``config`` is the main kernel's, ``flush_config`` the flush kernel's). T > 1 (verification):
+    ``_mamba2_verify_kernel`` (``config``) then ``_mamba2_append_kernel``.
     """
     batch, num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[2], B.shape[3]
     window = ring_x.shape[1]
-    cfg = config or mamba2_replay_config(head_dim, state_size)
-    num_tiles, split = _tiles(head_dim, cfg)
+    block_n, block_l = next_pow2(state_size), max(next_pow2(window), 16)
     if num_tokens > 1:
+        cfg = config or mamba2_verify_config(head_dim, state_size)
+        num_tiles, split = _tiles(head_dim, cfg)
         with device_context(x):
             _mamba2_verify_kernel[(split, heads, batch)](
                 p_x=x, p_dt=dt, p_A=A, p_B=B, p_C=C, p_D=D, p_dt_bias=dt_bias, p_z=z, p_y=y,
@@ -427,7 +539,7 @@ def mamba2_step_out(
                 **dict(zip(("s_rld_s", "s_rld_l", "s_rld_h"), ring_logdecay.stride())),
                 P=head_dim, N=state_size, L=window, heads_per_group=heads // groups, T=num_tokens,
                 HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
-                BLOCK_P=cfg.block, BLOCK_N=next_pow2(state_size), BLOCK_L=max(next_pow2(window), 16),
+                BLOCK_P=cfg.block, BLOCK_N=block_n, BLOCK_L=block_l,
                 BLOCK_T=max(next_pow2(num_tokens), 2), NUM_TILES=num_tiles, SPLIT=split,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )  # fmt: skip
@@ -435,29 +547,58 @@ def mamba2_step_out(
         return
     x1, dt1, B1, C1, y1 = x[:, 0], dt[:, 0], B[:, 0], C[:, 0], y[:, 0]
     z1 = z[:, 0] if z is not None else None
+    heads_per_group = heads // groups
+    # Per-call scratch (like the output): the main launch's per-(row, head) scalars and each row's ring position.
+    weights = torch.empty(batch, heads, window + 2, dtype=torch.float32, device=x.device)
+    pos = torch.empty(batch, dtype=torch.int32, device=x.device)
+    token_strides = dict(
+        s_x_b=x1.stride(0), s_x_h=x1.stride(1), s_x_p=x1.stride(2),
+        s_C_b=C1.stride(0), s_C_g=C1.stride(1), s_C_n=C1.stride(2),
+        **dict(zip(("s_z_b", "s_z_h", "s_z_p"), _strides(z1, 3))),
+        s_y_b=y1.stride(0), s_y_h=y1.stride(1), s_y_p=y1.stride(2),
+        **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
+        **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
+    )  # fmt: skip
+    ring_strides = dict(
+        s_dt_b=dt1.stride(0), s_dt_h=dt1.stride(1),
+        s_B_b=B1.stride(0), s_B_g=B1.stride(1), s_B_n=B1.stride(2),
+        **dict(zip(("s_rB_s", "s_rB_l", "s_rB_g", "s_rB_n"), ring_B.stride())),
+        **dict(zip(("s_rdt_s", "s_rdt_l", "s_rdt_h"), ring_dt.stride())),
+        **dict(zip(("s_rld_s", "s_rld_l", "s_rld_h"), ring_logdecay.stride())),
+    )  # fmt: skip
+    flags = dict(HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus)
+    fcfg = flush_config or mamba2_flush_config(head_dim, state_size)
+    num_tiles, split = _tiles(head_dim, fcfg)
     with device_context(x):
-        _mamba2_replay_kernel[(split, heads, batch)](
+        _mamba2_flush_kernel[(split, heads, batch)](
             p_x=x1, p_dt=dt1, p_A=A, p_B=B1, p_C=C1, p_D=D, p_dt_bias=dt_bias, p_z=z1, p_y=y1,
             p_ckpt=checkpoint, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay,
-            p_cursor=cursor, p_rows=rows,
-            s_x_b=x1.stride(0), s_x_h=x1.stride(1), s_x_p=x1.stride(2),
-            s_dt_b=dt1.stride(0), s_dt_h=dt1.stride(1),
-            s_B_b=B1.stride(0), s_B_g=B1.stride(1), s_B_n=B1.stride(2),
+            p_cursor=cursor, p_rows=rows, **token_strides, **ring_strides,
+            P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, HAS_Z=z is not None, **flags,
+            BLOCK_P=fcfg.block, BLOCK_N=block_n, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
+            num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
+        )  # fmt: skip
+        _mamba2_weights_kernel[(groups, batch)](
+            p_dt=dt1, p_A=A, p_B=B1, p_C=C1, p_D=D, p_dt_bias=dt_bias,
+            p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay, p_cursor=cursor, p_rows=rows,
+            p_w=weights, p_pos=pos, **ring_strides,
             s_C_b=C1.stride(0), s_C_g=C1.stride(1), s_C_n=C1.stride(2),
-            **dict(zip(("s_z_b", "s_z_h", "s_z_p"), _strides(z1, 3))),
-            s_y_b=y1.stride(0), s_y_h=y1.stride(1), s_y_p=y1.stride(2),
-            **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
-            **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
-            **dict(zip(("s_rB_s", "s_rB_l", "s_rB_g", "s_rB_n"), ring_B.stride())),
-            **dict(zip(("s_rdt_s", "s_rdt_l", "s_rdt_h"), ring_dt.stride())),
-            **dict(zip(("s_rld_s", "s_rld_l", "s_rld_h"), ring_logdecay.stride())),
-            P=head_dim, N=state_size, L=window, heads_per_group=heads // groups,
-            HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
-            BLOCK_P=cfg.block, BLOCK_N=next_pow2(state_size), BLOCK_L=max(next_pow2(window), 16),
-            NUM_TILES=num_tiles, SPLIT=split,
+            s_w_b=weights.stride(0), s_w_h=weights.stride(1),
+            N=state_size, L=window, heads_per_group=heads_per_group, **flags,
+            BLOCK_J=next_pow2(heads_per_group), BLOCK_N=block_n, BLOCK_L=block_l,
+            num_warps=4,
+        )  # fmt: skip
+        cfg = config or mamba2_replay_config(head_dim, state_size)
+        num_tiles, split = _tiles(head_dim, cfg)
+        _mamba2_main_kernel[(split, heads, batch)](
+            p_x=x1, p_C=C1, p_z=z1, p_y=y1, p_ckpt=checkpoint, p_ring_x=ring_x,
+            p_cursor=cursor, p_pending=pending, p_rows=rows, p_w=weights, p_pos=pos, **token_strides,
+            s_w_b=weights.stride(0), s_w_h=weights.stride(1),
+            P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group,
+            COMMIT=commit, HAS_Z=z is not None,
+            BLOCK_P=cfg.block, BLOCK_N=block_n, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
-        _mamba2_append(dt, A, B, dt_bias, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus)
 
 
 def _mamba2_append(dt, A, B, dt_bias, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus) -> None:
