@@ -233,6 +233,7 @@ def run(args: argparse.Namespace) -> dict:
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__,
             "transformers": transformers.__version__,
+            "replayssm_git": _git_revision(),
             "seed": args.seed,
             "temperature": args.temperature,
             "prompts": args.prompts,
@@ -245,6 +246,17 @@ def run(args: argparse.Namespace) -> dict:
         },
         "configs": results,
     }
+
+
+def _git_revision() -> str | None:
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=HERE.parent, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def format_table(report: dict) -> str:
