@@ -195,3 +195,20 @@ def test_config_validation(kwargs, exc, match):
 def test_geometry_and_state_validation(build, match):
     with pytest.raises((ValueError, TypeError), match=match):
         build()
+
+
+def test_value_checks_can_be_turned_off(gdn):
+    """Trusted callers may skip the host reads; shape checks still run."""
+    state, gen = gdn
+    previous = ops.set_value_checks(False)
+    try:
+        state.step(*gdn_inputs(G_GEOM, 3, 2, gen), commit=False)
+        state.commit([2, 2, 5])  # unchecked: accepted > pending goes through
+        assert state.cursor.tolist()[2] > state.window - 1
+        q, k, v, g, beta = gdn_inputs(G_GEOM, 3, 1, gen)
+        with pytest.raises(ValueError, match="'q'"):
+            state.step(q[..., :-1], k, v, g, beta)
+    finally:
+        ops.set_value_checks(previous)
+    with pytest.raises(RuntimeError, match="corrupt"):
+        state.step(*gdn_inputs(G_GEOM, 3, 1, gen))

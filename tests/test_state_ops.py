@@ -126,3 +126,34 @@ def test_layer_demo_runs(capsys):
     assert out.count("checkpoint writes: conventional 9, replay 2 (one per 4 tokens)") == 2
     diffs = [float(line.split("difference ")[1].split(";")[0]) for line in out.splitlines() if "max relative difference" in line]
     assert len(diffs) == 2 and max(diffs) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_fold_rollback_resized(family):
+    """Partial folds keep the state; rollback returns to earlier states; resizing keeps entries."""
+    pair = _pair(family, slots=3, window=6, seed=3)
+    history = [pair.naive.state.clone()]
+    for step in range(5):
+        rows = [0, 1, 2] if step else [0]  # row 0 one token ahead
+        _advance(pair, rows, 1)
+        history.append(pair.naive.state.clone())
+    assert pair.state.cursor.tolist() == [5, 4, 4]
+    before = pair.state.materialize()
+    pair.state.fold([2, 0, 3])
+    assert pair.state.cursor.tolist() == [3, 4, 1]
+    assert rel_err(pair.state.materialize(), before.double()) < 1e-6
+    # Roll back one token on rows 0 and 1 (row 2 keeps its single entry): earlier states again.
+    pair.state.rollback([1, 1], rows=[0, 1])
+    assert rel_err(pair.state.materialize([0]), history[4][0]) < 1e-5
+    assert rel_err(pair.state.materialize([1]), history[4][1]) < 1e-5
+    with pytest.raises(ValueError, match="count"):
+        pair.state.rollback([2], rows=[2])  # folded tokens are final
+    pair.naive.state[[0, 1]] = history[4][[0, 1]]
+    grown = pair.state.resized(10)
+    assert grown.window == 10 and torch.equal(grown.cursor, pair.state.cursor)
+    assert rel_err(grown.materialize(), pair.state.materialize().double()) < 1e-7
+    pair.state = grown
+    _advance(pair, [0, 1, 2], 9)  # past the old window: a flush in the new one
+    assert rel_err(pair.state.materialize(), pair.naive.state) < 1e-5
+    with pytest.raises(ValueError, match="cannot hold"):
+        pair.state.resized(2)

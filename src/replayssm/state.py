@@ -14,6 +14,7 @@ The current state of a row is ``materialize(rows)``. Steps go through the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -110,7 +111,7 @@ class ReplayState:
         if rows.dim() != 1 or rows.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{type(self).__name__}: {arg} must be a 1-D integer tensor or list, got shape {tuple(rows.shape)} {rows.dtype}")
         rows = rows.to(device=self.device, dtype=torch.int64)
-        if rows.device.type == "cpu" or not torch.cuda.is_current_stream_capturing():
+        if ops._checks.values_checkable(rows):
             host = rows.cpu()
             if host.numel() and (int(host.min()) < 0 or int(host.max()) >= self.slots):
                 raise IndexError(f"{type(self).__name__}: {arg} must index slots in [0, {self.slots}), got {host.tolist()}")
@@ -162,6 +163,76 @@ class ReplayState:
             accepted = torch.tensor(list(accepted), dtype=torch.int64)
         ops.commit(self.cursor, self.pending, rows, accepted.to(self.device))
 
+    def _counts(self, count: int | Tensor | list[int], rows: Tensor, arg: str) -> Tensor:
+        """Per-row counts as int64 on the device, checked against the rows' committed entries."""
+        if isinstance(count, int):
+            count = torch.full((rows.shape[0],), count, dtype=torch.int64, device=self.device)
+        elif not isinstance(count, Tensor):
+            count = torch.tensor(list(count), dtype=torch.int64, device=self.device)
+        count = count.to(device=self.device, dtype=torch.int64)
+        if count.shape != rows.shape:
+            raise ValueError(f"{type(self).__name__}: {arg} must have one entry per row ({rows.shape[0]}), got shape {tuple(count.shape)}")
+        committed = self.cursor[rows].long()
+        if bool(((count < 0) | (count > committed)).any()):
+            raise ValueError(
+                f"{type(self).__name__}: {arg} must be in [0, committed ring entries of the row]; "
+                f"got {count.tolist()} for committed {committed.tolist()}"
+            )
+        return count
+
+    def rollback(self, count: int | Tensor | list[int], rows: Tensor | list[int] | None = None) -> None:
+        """Take back the last ``count[i]`` committed tokens of ``rows[i]``: a cursor move.
+
+        Only tokens still in the ring can be taken back (``count <= cursor``):
+        a flush makes the tokens before it final. Entries pending a commit are
+        dropped.
+        """
+        rows = self._rows(rows)
+        self._check_distinct(rows)
+        count = self._counts(count, rows, "count")
+        self.cursor[rows] = (self.cursor[rows].long() - count).to(self.cursor.dtype)
+        self.pending.index_fill_(0, rows, 0)
+
+    def fold(self, count: int | Tensor | list[int], rows: Tensor | list[int] | None = None) -> None:
+        """Fold the first ``count[i]`` committed ring entries of ``rows[i]`` into its checkpoint.
+
+        The later entries (committed and pending) move to the front of the
+        ring, so they stay rollable. A partial flush: one checkpoint write per
+        row, computed in fp32 and rounded to the checkpoint dtype.
+        """
+        rows = self._rows(rows)
+        self._check_distinct(rows)
+        count = self._counts(count, rows, "count")
+        cursor = self.cursor[rows].clone()
+        self.cursor[rows] = count.to(self.cursor.dtype)
+        folded = self.materialize(rows)
+        self.cursor[rows] = cursor
+        self.checkpoint[rows] = folded.to(self.checkpoint.dtype)
+        # Entry j of each row becomes entry j + count of that row (beyond the end: unused copies).
+        source = (torch.arange(self.window, device=self.device)[None, :] + count[:, None]).clamp_max(self.window - 1)
+        for name in self._ring_names:
+            ring = getattr(self, name)
+            rows_ring = ring[rows]
+            index = source.view(source.shape + (1,) * (rows_ring.dim() - 2)).expand_as(rows_ring)
+            ring[rows] = rows_ring.gather(1, index)
+        self.cursor[rows] = (cursor.long() - count).to(self.cursor.dtype)
+
+    def resized(self, window: int) -> "ReplayState":
+        """A copy of the state with another ring window (every row's entries must fit)."""
+        config = dataclasses.replace(self.config, window=window)
+        used = int((self.cursor.long() + self.pending.long()).max()) if self.slots else 0
+        if used > window:
+            raise ValueError(f"{type(self).__name__}.resized: window {window} cannot hold the {used} entries a row has")
+        new = self._empty_like(self.slots, config)
+        keep = min(window, self.window)
+        for name, t in self.tensors().items():
+            dst = getattr(new, name)
+            if name in self._ring_names:
+                dst[:, :keep].copy_(t[:, :keep])
+            else:
+                dst.copy_(t)
+        return new
+
     def reorder(self, index: Tensor | list[int]) -> None:
         """In place: row i becomes a copy of old row ``index[i]`` (beam search; repeats allowed).
 
@@ -177,7 +248,7 @@ class ReplayState:
     def select(self, rows: Tensor | list[int]) -> "ReplayState":
         """A new state holding copies of ``rows`` (in that order; repeats allowed): batch changes."""
         rows = self._rows(rows)
-        new = self._empty_like(rows.shape[0])
+        new = self._empty_like(rows.shape[0], self.config)
         for name, t in self.tensors().items():
             getattr(new, name).copy_(t.index_select(0, rows))
         return new
@@ -192,7 +263,7 @@ class ReplayState:
     geometry: object
     checkpoint: Tensor
 
-    def _empty_like(self, slots: int) -> "ReplayState":
+    def _empty_like(self, slots: int, config: ReplayConfig) -> "ReplayState":
         raise NotImplementedError
 
     def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:
@@ -240,8 +311,8 @@ class Mamba2ReplayState(ReplayState):
         self.ring_dt = torch.zeros(slots, L, g.heads, dtype=torch.float32, device=dev)
         self.ring_logdecay = torch.zeros(slots, L, g.heads, dtype=torch.float32, device=dev)
 
-    def _empty_like(self, slots: int) -> "Mamba2ReplayState":
-        return Mamba2ReplayState(self.geometry, slots, self.config, self.device, self.activation_dtype)
+    def _empty_like(self, slots: int, config: ReplayConfig) -> "Mamba2ReplayState":
+        return Mamba2ReplayState(self.geometry, slots, config, self.device, self.activation_dtype)
 
     def step(
         self,
@@ -306,8 +377,8 @@ class GDNReplayState(ReplayState):
         self.ring_d = torch.zeros(slots, L, g.value_heads, g.value_dim, dtype=torch.float32, device=dev)
         self.ring_g = torch.zeros(slots, L, g.value_heads, dtype=torch.float32, device=dev)
 
-    def _empty_like(self, slots: int) -> "GDNReplayState":
-        return GDNReplayState(self.geometry, slots, self.config, self.device)
+    def _empty_like(self, slots: int, config: ReplayConfig) -> "GDNReplayState":
+        return GDNReplayState(self.geometry, slots, config, self.device)
 
     def step(
         self,

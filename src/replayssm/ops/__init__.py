@@ -21,8 +21,10 @@ import torch
 from torch import Tensor
 
 from . import _checks, reference
+from ._checks import set_value_checks
 
 __all__ = [
+    "set_value_checks",
     "mamba2_step",
     "mamba2_materialize",
     "mamba2_conventional_step",

@@ -6,13 +6,15 @@ names the argument and leaves the state bit-identical.
 
 Shape, dtype and device checks read only tensor metadata. Checks of values
 that live on the device (row indices, cursors, accepted counts) need a host
-read; they run for CPU tensors always and for CUDA tensors except while a
-CUDA graph is being captured, where a host read is impossible (captured
-steps are expected to have been validated eagerly first).
+read; they run unless a CUDA graph is being captured (where a host read is
+impossible; captured steps are expected to have been validated eagerly
+first) or a trusted caller turned them off with ``set_value_checks(False)``
+(or ``REPLAYSSM_VALUE_CHECKS=0``): on CUDA each is a host synchronisation.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -67,8 +69,29 @@ class ArgChecker:
             self.fail(exc, arg, message)
 
 
+_value_checks = os.environ.get("REPLAYSSM_VALUE_CHECKS", "1") != "0"
+
+
+def set_value_checks(enabled: bool) -> bool:
+    """Turn the host-side checks of device values on or off; returns the previous setting.
+
+    Off saves one host synchronisation per op call on CUDA; a bad row index
+    or accepted count then corrupts state instead of raising. Shape, dtype
+    and device checks always run.
+    """
+    global _value_checks
+    previous, _value_checks = _value_checks, bool(enabled)
+    return previous
+
+
+def value_checks_enabled() -> bool:
+    return _value_checks
+
+
 def values_checkable(t: Tensor) -> bool:
     """Whether device values may be read on the host now (see the module docstring)."""
+    if not _value_checks:
+        return False
     if t.device.type == "cpu" or t.device.type == "meta":
         return t.device.type == "cpu"
     if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
