@@ -88,6 +88,19 @@ def _scatter_ring(ring: Tensor, rows: Tensor, start: Tensor, values: Tensor) -> 
     ring[rows[:, None], positions] = values.to(ring.dtype)
 
 
+def _append(rows: Tensor, start: Tensor, commit: bool, cursor: Tensor, pending: Tensor, *rings: tuple[Tensor, Tensor]) -> None:
+    """Write the T new entries of each ring at ``start``; commit them or leave them pending."""
+    num_tokens = rings[0][1].shape[1]
+    for ring, values in rings:
+        _scatter_ring(ring, rows, start, values)
+    if commit:
+        cursor[rows] = (start + num_tokens).to(cursor.dtype)
+        pending.index_fill_(0, rows, 0)
+    else:
+        cursor[rows] = start.to(cursor.dtype)
+        pending.index_fill_(0, rows, num_tokens)
+
+
 def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     # Same formula as the Hugging Face and fla GDN paths.
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
@@ -182,16 +195,7 @@ def mamba2_step(
         y = y * F.silu(z.to(cd))
 
     # 3. append the T entries past the committed cursor.
-    _scatter_ring(ring_x, rows, c, x)
-    _scatter_ring(ring_B, rows, c, B)
-    _scatter_ring(ring_dt, rows, c, dt_t)
-    _scatter_ring(ring_logdecay, rows, c, log_decay_t)
-    if commit:
-        cursor[rows] = (c + num_tokens).to(cursor.dtype)
-        pending.index_fill_(0, rows, 0)
-    else:
-        cursor[rows] = c.to(cursor.dtype)
-        pending.index_fill_(0, rows, num_tokens)
+    _append(rows, c, commit, cursor, pending, (ring_x, x), (ring_B, B), (ring_dt, dt_t), (ring_logdecay, log_decay_t))
     return y.to(x.dtype).contiguous()
 
 
@@ -344,15 +348,7 @@ def gdn_step(
     d_t = seq_d[:, window:]
 
     # 3. append the T entries past the committed cursor.
-    _scatter_ring(ring_k, rows, c, k_t)
-    _scatter_ring(ring_d, rows, c, d_t)
-    _scatter_ring(ring_g, rows, c, g_t)
-    if commit:
-        cursor[rows] = (c + num_tokens).to(cursor.dtype)
-        pending.index_fill_(0, rows, 0)
-    else:
-        cursor[rows] = c.to(cursor.dtype)
-        pending.index_fill_(0, rows, num_tokens)
+    _append(rows, c, commit, cursor, pending, (ring_k, k_t), (ring_d, d_t), (ring_g, g_t))
     return o.to(v.dtype).contiguous()
 
 
