@@ -32,7 +32,6 @@ device cursors stay the source of truth.
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from abc import ABC
 
@@ -107,6 +106,7 @@ class ReplayLayerMixin(ABC):
         return self.replay_adapter.context.step == "replay"
 
     def crop(self, tokens_to_remove: int) -> None:
+        tokens_to_remove = int(tokens_to_remove)  # transformers 5.17's assisted decoding passes a 0-d tensor
         if not self.is_croppable:
             raise RuntimeError("replayssm: a model patched with step='conventional' cannot roll back (crop)")
         if tokens_to_remove > 0:
@@ -225,7 +225,7 @@ class ReplayLayerMixin(ABC):
         self.seen_tokens -= n
         self._commit_pending(pending - min(n, pending))
         if back:
-            self.replay.cursor.sub_(back)
+            self.replay.rollback(back)
             if self._cursor is not None:
                 self._cursor -= back
         self._spec = 0
@@ -238,23 +238,14 @@ class ReplayLayerMixin(ABC):
         configured = self.replay_adapter.config.window
         if self.replay.window <= configured:
             return
-        folded = self.replay.materialize()
-        adapter = self.replay_adapter
-        self._set_state(adapter.new_state(self.replay.slots, adapter.config, self.replay.device))
-        self.replay.load(None, folded)
+        self.replay.fold(self.replay.cursor.clone())
+        self._set_state(self.replay.resized(configured))
         self._cursor = 0
 
     def _fold_front(self, m: int) -> None:
-        """Fold the first ``m`` committed ring entries into the checkpoint; shift the rest to the front."""
-        state, c = self.replay, self._cursor
-        state.cursor.fill_(m)
-        folded = state.materialize()
-        for name, t in state.tensors().items():
-            if name.startswith("ring") and c > m:
-                t[:, : c - m].copy_(t[:, m:c].clone())
-        state.checkpoint.copy_(folded)
-        state.cursor.fill_(c - m)
-        self._cursor = c - m
+        """Fold the first ``m`` committed ring entries into the checkpoint; the rest move to the front."""
+        self.replay.fold(m)
+        self._cursor -= m
 
     def _grow(self, window: int) -> None:
         if window > MAX_WINDOW:
@@ -262,16 +253,7 @@ class ReplayLayerMixin(ABC):
                 f"replayssm: a speculative run of {window} tokens exceeds the largest ring ({MAX_WINDOW}); "
                 "draft fewer tokens per verification"
             )
-        old = self.replay
-        adapter = self.replay_adapter
-        new = adapter.new_state(old.slots, dataclasses.replace(old.config, window=window), old.device)
-        for name, t in old.tensors().items():
-            dst = getattr(new, name)
-            if name.startswith("ring"):
-                dst[:, : old.window].copy_(t)
-            else:
-                dst.copy_(t)
-        self._set_state(new)
+        self._set_state(self.replay.resized(window))
 
     def materialize_hf(self) -> Tensor:
         """The exact committed state in transformers' layout (for the chunked fallback)."""
