@@ -1,6 +1,6 @@
 """End-to-end decode throughput of patched transformers models (issue 5, item 7).
 
-    PYTHONPATH=src python benchmarks/generate.py --out results/          # the GPU run
+    PYTHONPATH=src python benchmarks/generate.py --captured --out results/   # the GPU run
     PYTHONPATH=src python benchmarks/generate.py --tiny --out /tmp/gen   # CPU smoke run, tiny sizes
 
 Models (random weights, a few layers, real layer width, bf16 weights and
@@ -18,6 +18,11 @@ For each model and batch (1, 16, 64, 256), decode tokens/s of
 * ``conventional``: patched with ``step="conventional"`` (the replayssm
   conventional op: read and write the whole state every token);
 * ``replay``: patched with replay (window ``--window``).
+
+With ``--captured``, also ``conventional-captured`` and ``replay-captured``:
+the patched step in a static cache through ``torch.compile(fullgraph=True,
+dynamic=False)``, mode "reduce-overhead" (CUDA graphs) with inductor; with
+``--tiny`` on the CPU the backend is "eager" (a smoke test of the plumbing).
 
 Decode is timed as ``--steps`` single-token forwards after a prefill of
 ``--prompt`` tokens (prefill not timed), median of ``--repeats``. Then
@@ -78,6 +83,8 @@ MODELS = {
 }
 TINY = {"nemotron_h-like": "nemotron_h", "qwen3_5-like": "qwen3_5"}
 MODES = ("transformers", "conventional", "replay")
+#: --captured adds these: the patched step in a static cache, through torch.compile (CUDA graphs on CUDA)
+CAPTURED_MODES = ("conventional-captured", "replay-captured")
 
 
 def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype):
@@ -104,23 +111,46 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decode_tokens_per_second(model, batch: int, prompt: int, steps: int, repeats: int, device: torch.device) -> float:
-    """Median tokens/s of ``steps`` single-token decode forwards at ``batch`` rows, after an untimed prefill."""
+def decode_tokens_per_second(
+    model, batch: int, prompt: int, steps: int, repeats: int, device: torch.device, compile_kwargs: dict | None = None
+) -> float:
+    """Median tokens/s of ``steps`` single-token decode forwards at ``batch`` rows, after an untimed prefill.
+
+    With ``compile_kwargs``: a static cache, and each step through
+    ``torch.compile(model, **compile_kwargs)`` with the ops' value checks off
+    (what ``patch(model, compile=True)`` makes ``generate`` do); the first
+    (untimed) repeat compiles and captures.
+    """
     vocab = model.config.get_text_config(decoder=True).vocab_size
     kw = testing.cache_kwarg(model)
+    forward = model
+    if compile_kwargs is not None:
+        from transformers import StaticCache
+
+        forward = torch.compile(model, **compile_kwargs)
+        text_config = model.config.get_text_config(decoder=True)
+        previous_checks = replayssm.ops.set_value_checks(False)
     gen = torch.Generator(device="cpu").manual_seed(batch)
     ids = torch.randint(3, vocab, (batch, prompt + steps + 1), generator=gen).to(device)
     times = []
     with torch.no_grad():
-        for _ in range(repeats + 1):  # the first run warms up
-            cache = testing.new_cache(model)
-            model(input_ids=ids[:, :prompt], **{kw: cache}, use_cache=True, logits_to_keep=1)
-            _sync(device)
-            start = time.perf_counter()
-            for pos in range(prompt, prompt + steps):
-                model(input_ids=ids[:, pos : pos + 1], **{kw: cache}, use_cache=True, logits_to_keep=1)
-            _sync(device)
-            times.append(time.perf_counter() - start)
+        try:
+            for _ in range(repeats + 1):  # the first run warms up (and compiles)
+                if compile_kwargs is None:
+                    cache = testing.new_cache(model)
+                else:
+                    cache = StaticCache(config=text_config, max_cache_len=prompt + steps)
+                model(input_ids=ids[:, :prompt], **{kw: cache}, use_cache=True, logits_to_keep=1)
+                _sync(device)
+                start = time.perf_counter()
+                for pos in range(prompt, prompt + steps):
+                    position = torch.full((batch, 1), pos, device=device)
+                    forward(input_ids=ids[:, pos : pos + 1], position_ids=position, **{kw: cache}, use_cache=True, logits_to_keep=1)
+                _sync(device)
+                times.append(time.perf_counter() - start)
+        finally:
+            if compile_kwargs is not None:
+                replayssm.ops.set_value_checks(previous_checks)
     return batch * steps / statistics.median(times[1:])
 
 
@@ -143,12 +173,19 @@ def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: tor
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = [f"{'model':<16} {'batch':>5} " + " ".join(f"{m + ' tok/s':>19}" for m in MODES) + f" {'replay/transformers':>20} {'replay/conventional':>20}"]
+    modes = list(rows[0]["tokens_per_s"]) if rows else list(MODES)
+    best = "replay-captured" if "replay-captured" in modes else "replay"
+    baseline = "conventional-captured" if best == "replay-captured" else "conventional"
+    width = max(19, max(len(m) + 6 for m in modes))
+    lines = [
+        f"{'model':<16} {'batch':>5} " + " ".join(f"{m + ' tok/s':>{width}}" for m in modes)
+        + f" {best + '/transformers':>{len(best) + 14}} {best + '/' + baseline:>{len(best + baseline) + 2}}"
+    ]  # fmt: skip
     for r in rows:
         t = r["tokens_per_s"]
         lines.append(
-            f"{r['model']:<16} {r['batch']:>5} " + " ".join(f"{t[m]:>19.1f}" for m in MODES)
-            + f" {t['replay'] / t['transformers']:>19.2f}x {t['replay'] / t['conventional']:>19.2f}x"
+            f"{r['model']:<16} {r['batch']:>5} " + " ".join(f"{t[m]:>{width}.1f}" for m in modes)
+            + f" {t[best] / t['transformers']:>{len(best) + 13}.2f}x {t[best] / t[baseline]:>{len(best + baseline) + 1}.2f}x"
         )  # fmt: skip
     return "\n".join(lines)
 
@@ -166,7 +203,7 @@ def plot(rows: list[dict], assisted: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(names) + 1, figsize=(5 * (len(names) + 1), 4))
     for ax, name in zip(axes, names):
         sub = [r for r in rows if r["model"] == name]
-        for mode in MODES:
+        for mode in sub[0]["tokens_per_s"]:
             ax.plot([r["batch"] for r in sub], [r["tokens_per_s"][mode] for r in sub], marker="o", label=mode)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -197,6 +234,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--lookup", type=int, default=8, help="prompt-lookup draft length")
     parser.add_argument("--new-tokens", type=int, default=None, help="generate length for the assisted runs")
+    parser.add_argument("--captured", action="store_true", help="also time the patched steps in a static cache through torch.compile")
+    parser.add_argument(
+        "--compile-backend",
+        default=None,
+        help="torch.compile backend for --captured (default: inductor, mode reduce-overhead = CUDA graphs; "
+        "'eager' with --tiny: traces the step without code generation, a CPU smoke test)",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     tiny = args.tiny
@@ -206,6 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     repeats = args.repeats or (1 if tiny else 5)
     new_tokens = args.new_tokens or (8 if tiny else 128)
     dtype = torch.float32 if tiny else torch.bfloat16
+    modes = MODES + (CAPTURED_MODES if args.captured else ())
+    backend = args.compile_backend or ("eager" if tiny and device.type != "cuda" else "inductor")
+    compile_kwargs = dict(fullgraph=True, dynamic=False, backend=backend)
+    if backend == "inductor":
+        compile_kwargs["mode"] = "reduce-overhead"
 
     import transformers
 
@@ -216,12 +265,15 @@ def main(argv: list[str] | None = None) -> None:
         model = build(name, tiny, device, dtype)
         for batch in batches:
             tps = {}
-            for mode in MODES:
+            for mode in modes:
                 replayssm.unpatch(model)
-                if mode != "transformers":
-                    replayssm.patch(model, config, step=mode)
+                step, _, captured = mode.partition("-")
+                if step != "transformers":
+                    replayssm.patch(model, config, step=step)
                 try:
-                    tps[mode] = decode_tokens_per_second(model, batch, prompt, steps, repeats, device)
+                    tps[mode] = decode_tokens_per_second(
+                        model, batch, prompt, steps, repeats, device, compile_kwargs if captured else None
+                    )
                 except torch.OutOfMemoryError:
                     tps[mode] = float("nan")
                     torch.cuda.empty_cache()
@@ -258,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         "prompt": prompt,
         "steps": steps,
         "repeats": repeats,
+        "captured": compile_kwargs if args.captured else None,
         "kernels": {mod: _importable(mod) for mod in ("mamba_ssm", "causal_conv1d", "fla")},
     }
     (args.out / "generate.json").write_text(json.dumps({"meta": meta, "decode": rows, "assisted": assisted}, indent=2))

@@ -2,11 +2,15 @@
 
     python examples/generate.py                      # a random small hybrid, built offline
     python examples/generate.py --model PATH_OR_ID   # any supported checkpoint (needs its weights locally)
+    python examples/generate.py --compile            # the static-shape path: static cache + torch.compile
 
 `replayssm.patch(model)` is the only change to a normal transformers script:
 generate() then decodes every Mamba-2 / Gated DeltaNet layer from a
 checkpoint plus a ring of recent inputs, writing the recurrent state once per
 window instead of once per token. The output is the same as unpatched.
+With ``--compile`` (``patch(model, compile=True)``) each decode step runs
+through torch.compile in a static cache (CUDA graphs on CUDA; on the CPU the
+first steps take a while to compile).
 """
 
 import argparse
@@ -34,6 +38,7 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--window", type=int, default=16, help="replay ring window L")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile", action="store_true", help="patch(model, compile=True): captured decode steps")
     args = parser.parse_args()
     device = torch.device(args.device)
 
@@ -47,7 +52,7 @@ def main():
     kwargs = dict(max_new_tokens=args.new_tokens, do_sample=False)
     reference = model.generate(**inputs, **kwargs)
 
-    replayssm.patch(model, replayssm.ReplayConfig(window=args.window))
+    replayssm.patch(model, replayssm.ReplayConfig(window=args.window), compile=args.compile)
     replayed = model.generate(**inputs, **kwargs)
 
     print("patched:", model._replayssm)

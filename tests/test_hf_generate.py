@@ -22,16 +22,7 @@ ATOL = 1e-4
 
 
 def _greedy(model, ids, mask):
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=NEW_TOKENS,
-        min_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences, torch.stack(out.logits, dim=1)
+    return testing.generate_with_logits(model, ids, mask, NEW_TOKENS, do_sample=False)
 
 
 @pytest.mark.parametrize("model_type", testing.MODEL_TYPES)

@@ -22,7 +22,7 @@ def _greedy(model, new_tokens=9):
 
 def _patch_attributes(model) -> list[str]:
     """Every attribute patch() may leave behind, as names found on the instances."""
-    found = [name for name in ("_replayssm", "_is_stateful") if name in model.__dict__]
+    found = [name for name in ("_replayssm", "_is_stateful", "get_compiled_call", "generate") if name in model.__dict__]
     for name, module in model.named_modules():
         found += [f"{name}.{attr}" for attr in ("forward", "_replayssm") if attr in module.__dict__]
     return found

@@ -96,7 +96,8 @@ class MixerAdapter:
             out = self._prefill(hidden_states, cache, layer, attention_mask, kwargs)
             layer.seen_tokens = num_tokens
             return out
-        layer.seen_tokens += num_tokens
+        if not torch.compiler.is_compiling():  # a host counter read under torch.compile would be guarded on: one graph per step
+            layer.seen_tokens += num_tokens  # only all-SSM caches read it, and only while recording (never compiled)
         if num_tokens > layer.replay.window and not layer.record_past:
             return self._chunk(hidden_states, cache, layer, attention_mask, kwargs)
         commit = layer.begin_step(num_tokens)

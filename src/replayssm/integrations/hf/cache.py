@@ -156,6 +156,10 @@ class ReplayLayerMixin(ABC):
     def _set_state(self, state: ReplayState) -> None:
         self.replay = state
         self._replay_rows = torch.arange(state.slots, device=state.device)
+        if not torch.compiler.is_compiling():
+            # Like transformers' static cache tensors: a captured decode step (CUDA graphs) uses them in place.
+            for t in (*state.tensors().values(), self._replay_rows):
+                torch._dynamo.mark_static_address(t)
 
     @property
     def replay_rows(self) -> Tensor:
@@ -297,7 +301,7 @@ class _AllSSMCacheMixin(ABC):
     def is_linear(self) -> list[bool]:
         if any(getattr(layer, "record_past", False) for layer in self.layers):
             return [False] * len(self.layers)
-        return self._replay_base.is_linear.fget(self)
+        return super(type(self), self).is_linear  # (dynamo traces super(), not property.fget)
 
 
 _CLASS_CACHE: dict[tuple[type, type], type] = {}
@@ -385,7 +389,8 @@ def adopt_cache(cache, context) -> None:
             continue
         if isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin):
             layer.__class__ = _swapped(_InertLayerMixin, type(layer))
-    if all(isinstance(layer, (ReplayLayerMixin, _InertLayerMixin)) or _is_dummy(layer) for layer in layers):
+    all_ssm = not any(isinstance(layer, CacheLayerMixin) for layer in layers)  # hybrid layers track a length themselves
+    if all_ssm and all(isinstance(layer, (ReplayLayerMixin, _InertLayerMixin)) or _is_dummy(layer) for layer in layers):
         if not isinstance(cache, _AllSSMCacheMixin) and hasattr(cache, "get_seq_length"):
             cache.__class__ = _swapped(_AllSSMCacheMixin, type(cache))
     cache._replayssm_owner = weakref.ref(context)

@@ -7,6 +7,10 @@ False`` (an instance attribute shadowing the class flag that makes
 ``generate`` refuse assisted decoding; the replay cache layer can roll back).
 No class and no module global of transformers is changed, no parameter or
 buffer is added, so ``state_dict``/``save_pretrained`` are unaffected.
+Every patch also sets ``get_compiled_call`` on the model (the compiled
+decode step of a static-cache ``generate``, with a fallback to eager
+decoding), and ``patch(model, compile=True)`` sets ``generate`` (a wrapper
+asking for the static cache and compilation; ``compiled.py``).
 ``unpatch`` deletes exactly those attributes.
 
 Every check runs, and every adapter is built, before the first attribute is
@@ -18,14 +22,21 @@ from __future__ import annotations
 from torch import nn
 
 from ...config import ReplayConfig
+from . import compiled
 from .registry import SUPPORTED_MODEL_TYPES, handler_for, mixer_like
 
 class PatchContext:
     """What one patch of one model shares: the config and the adapters by cache layer index."""
 
-    def __init__(self, model: nn.Module, config: ReplayConfig, step: str = "replay"):
+    def __init__(self, model: nn.Module, config: ReplayConfig, step: str = "replay", compile_config=None):
         self.config = config
         self.step = step
+        #: the transformers CompileConfig generate() uses for the static-shape path (None: patch(compile=False))
+        self.compile_config = compile_config
+        #: why compiling the decode step failed (then this patch decodes eagerly), or None
+        self.compile_failure: str | None = None
+        #: instance attributes of the model set by patch (beyond _replayssm/_is_stateful) and what they shadowed
+        self.model_attributes: dict[str, tuple[bool, object]] = {}
         self.model_name = type(model).__name__
         self.adapters: dict[int, object] = {}
         self.num_layers = _cache_layer_count(model)
@@ -35,7 +46,8 @@ class PatchContext:
 
     def __repr__(self) -> str:
         families = sorted({a.family for a in self.adapters.values()})
-        return f"ReplayPatch({self.model_name}, {len(self.adapters)} mixers ({', '.join(families)}), {self.config}, step={self.step!r})"
+        compiled = ", compile=True" if self.compile_config is not None else ""
+        return f"ReplayPatch({self.model_name}, {len(self.adapters)} mixers ({', '.join(families)}), {self.config}, step={self.step!r}{compiled})"
 
 
 def _cache_layer_count(model: nn.Module) -> int | None:
@@ -58,7 +70,7 @@ def _model_type(model: nn.Module) -> str:
 STEPS = ("replay", "conventional")
 
 
-def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "replay") -> nn.Module:
+def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "replay", compile=False) -> nn.Module:  # noqa: A002
     """Decode ``model``'s Mamba-2 / Gated DeltaNet mixers through replay state; returns ``model`` (patched in place).
 
     Args:
@@ -71,6 +83,12 @@ def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "
             conventional replayssm op (read and write the whole state every
             token; the benchmarks' baseline; no rollback, so no assisted
             decoding).
+        compile: ``True`` (or a ``transformers.CompileConfig``) for the
+            static-shape decode path: ``generate()`` then uses a static cache
+            and runs each decode step through ``torch.compile`` (default
+            ``fullgraph=True, dynamic=False, mode="reduce-overhead"``: CUDA
+            graphs on CUDA), on any device. If compiling fails, a warning
+            says why and decoding continues eagerly. See docs/hf.md.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` or ``config`` not a ``ReplayConfig``.
@@ -85,6 +103,8 @@ def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "
         raise TypeError(f"replayssm.patch: config must be a replayssm.ReplayConfig, got {type(config).__name__}")
     if step not in STEPS:
         raise ValueError(f"replayssm.patch: step must be one of {STEPS}, got {step!r}")
+    compile_config = compiled.compile_config_for(compile)
+    compiled.check_model(model, compile_config)
     if getattr(model, "use_kernels", False) is True:
         raise ValueError(
             "replayssm.patch: this model was loaded with use_kernels=True: hub kernels replace the SSM mixers' "
@@ -121,7 +141,7 @@ def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "
                 "(e.g. model.to_empty(...) and load a state dict) before patching"
             )
 
-    context = PatchContext(model, config, step)
+    context = PatchContext(model, config, step, compile_config)
     for name, module, handler in mixers:
         layer_idx = getattr(module, "layer_idx", None)
         if not isinstance(layer_idx, int):
@@ -137,6 +157,9 @@ def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "
         adapter.mixer.forward = adapter.forward
         adapter.mixer._replayssm = adapter
     model._replayssm = context
+    for name, value in compiled.install(model, context).items():
+        context.model_attributes[name] = (name in model.__dict__, model.__dict__.get(name))
+        setattr(model, name, value)
     if step == "replay":  # the conventional step cannot roll back: keep transformers' refusal
         model._is_stateful = False
     return model
@@ -155,6 +178,11 @@ def unpatch(model: nn.Module) -> nn.Module:
             del mixer.forward
         mixer.__dict__.pop("_replayssm", None)
     del model._replayssm
+    for name, (had, saved) in context.model_attributes.items():
+        if had:
+            setattr(model, name, saved)
+        else:
+            model.__dict__.pop(name, None)
     if context.had_is_stateful:
         model._is_stateful = context.saved_is_stateful
     else:

@@ -157,3 +157,17 @@ def left_padded_prompts(lengths=(9, 6, 4), seed: int = 1, pad_token_id: int = 0)
         mask[row, width - n :] = 1
     ids[mask == 0] = pad_token_id
     return ids, mask
+
+
+def generate_with_logits(model, ids, mask=None, new_tokens: int = 10, **kwargs):
+    """``(sequences, logits (batch, new_tokens, vocab))`` of ``generate`` for exactly ``new_tokens`` tokens."""
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    return out.sequences, torch.stack(out.logits, dim=1)

@@ -1,0 +1,179 @@
+"""The static-shape decode path, patch(model, compile=...), on the CPU (issue 7).
+
+The compile backend is "eager" (dynamo traces the whole decode step with
+fullgraph=True, dynamic=False; no code generation, so the tests stay fast),
+once inductor (the default of compile=True; C++ on the CPU):
+what is checked is that every decode step is one graph without breaks, that
+graphs are made once per batch size and not per step, that tokens equal the
+uncaptured patched path exactly (fp32), and that a failed compile falls back
+to eager decoding with a warning. CUDA-graph capture itself needs the GPU.
+"""
+
+import shutil
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import replayssm  # noqa: E402
+from replayssm.integrations.hf import ReplayLayerMixin, testing  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+WINDOW = 4
+NEW_TOKENS = 9  # > 2 windows: the ring folds inside the compiled step
+PROMPT = torch.tensor([[5, 17, 33, 8, 61, 12, 40, 7, 22]])
+
+
+def _compile_config(**overrides):
+    from transformers import CompileConfig
+
+    return CompileConfig(**{"fullgraph": True, "dynamic": False, "backend": "eager", "mode": None, **overrides})
+
+
+def _generate(model, ids, mask=None, **kwargs):
+    return testing.generate_with_logits(model, ids, mask, NEW_TOKENS, **kwargs)
+
+
+def _graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def _patched(model_type, compile):  # noqa: A002
+    return replayssm.patch(testing.tiny_model(model_type), replayssm.ReplayConfig(window=WINDOW), compile=compile)
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5", "falcon_h1", "mamba2"])
+def test_compiled_greedy_equals_eager_patched_one_graph_per_batch_size(model_type):
+    eager = _patched(model_type, False)
+    batch = testing.left_padded_prompts()
+    expected = [_generate(eager, *prompt, do_sample=False) for prompt in ((PROMPT, None), batch, (PROMPT, None))]
+
+    model = _patched(model_type, _compile_config())
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    graphs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback
+        for prompt, (ref_tokens, ref_logits) in zip(((PROMPT, None), batch, (PROMPT, None)), expected):
+            tokens, logits = _generate(model, *prompt, do_sample=False)
+            assert torch.equal(tokens, ref_tokens), f"{model_type}: compiled tokens differ from the eager patched path"
+            torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+            graphs.append(_graphs())
+    # batch 1: one graph for all its decode steps; batch 3: one more; batch 1 again: none
+    assert graphs == [1, 2, 2], graphs
+    assert model._replayssm.compile_failure is None
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")), reason="inductor needs a C++ compiler on the CPU")
+def test_compile_true_with_inductor_equals_eager_patched():
+    """The default compile=True config (inductor; "reduce-overhead" is CUDA graphs on CUDA only): C++ code on the CPU."""
+    eager = _patched("nemotron_h", False)
+    ids, mask = testing.left_padded_prompts()
+    ref_tokens, ref_logits = _generate(eager, ids, mask, do_sample=False)
+    model = _patched("nemotron_h", True)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback
+        tokens, logits = _generate(model, ids, mask, do_sample=False)
+    assert _graphs() == 1
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+
+
+def test_compiled_sampling_equals_eager_patched():
+    eager = _patched("qwen3_5", False)
+    model = _patched("qwen3_5", _compile_config())
+    torch.manual_seed(7)
+    ref_tokens, ref_logits = _generate(eager, PROMPT, do_sample=True, top_k=20, temperature=1.3)
+    torch.manual_seed(7)
+    tokens, logits = _generate(model, PROMPT, do_sample=True, top_k=20, temperature=1.3)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+
+
+def test_compile_is_used_and_user_choices_win():
+    from transformers import DynamicCache, StaticCache
+
+    model = _patched("nemotron_h", _compile_config())
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    out = model.generate(PROMPT, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    assert _graphs() == 1  # static cache + compile without asking generate for them
+    cache = testing.output_cache(out)
+    assert type(cache).__name__ == "StaticCache"
+    replay_layers = [layer for layer in cache.layers if isinstance(layer, ReplayLayerMixin)]
+    assert replay_layers and all(layer.replay is not None for layer in replay_layers)
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    addresses = []
+    for _ in range(2):  # a user's static cache of another length: one more graph, then none; reset keeps the state
+        tokens = model.generate(PROMPT, max_new_tokens=3, do_sample=False, **{testing.cache_kwarg(model): cache})
+        assert torch.equal(tokens, out.sequences)
+        assert _graphs() == 2
+        layers = [layer for layer in cache.layers if isinstance(layer, ReplayLayerMixin)]
+        addresses.append([t.data_ptr() for layer in layers for t in layer.replay.tensors().values()])
+        cache.reset()
+    assert addresses[0] == addresses[1]
+    with pytest.warns(RuntimeWarning, match="DynamicCache"):
+        model.generate(PROMPT, max_new_tokens=3, do_sample=False, **{testing.cache_kwarg(model): DynamicCache(config=model.config)})
+    with pytest.warns(RuntimeWarning, match="assisted decoding"):
+        tokens = model.generate(PROMPT, max_new_tokens=6, do_sample=False, prompt_lookup_num_tokens=2)
+    eager = _patched("nemotron_h", False)
+    assert torch.equal(tokens, eager.generate(PROMPT, max_new_tokens=6, do_sample=False))
+
+
+def test_beam_search_under_compile_is_exact():
+    """transformers compiles greedy and sampling loops only; beam search stays eager (and exact) under compile=True."""
+    eager = _patched("nemotron_h", False)
+    model = _patched("nemotron_h", _compile_config())
+    expected = eager.generate(PROMPT, max_new_tokens=NEW_TOKENS, num_beams=3, do_sample=False)
+    assert torch.equal(model.generate(PROMPT, max_new_tokens=NEW_TOKENS, num_beams=3, do_sample=False), expected)
+
+
+def _failing_backend(gm, example_inputs):
+    raise RuntimeError("backend refused this graph")
+
+
+@pytest.mark.parametrize("cause", ["backend", "graph_break"])
+def test_compile_failure_falls_back_to_eager_with_a_warning(cause, monkeypatch):
+    eager = _patched("qwen3_5", False)
+    ref_tokens, ref_logits = _generate(eager, PROMPT, do_sample=False)
+    if cause == "backend":
+        model = _patched("qwen3_5", _compile_config(backend=_failing_backend))
+        match = "backend refused"
+    else:
+        model = _patched("qwen3_5", _compile_config())
+        adapter = next(iter(model._replayssm.adapters.values()))
+        original = adapter.replay
+
+        def breaking(*args, **kwargs):
+            torch._dynamo.graph_break()
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(adapter, "replay", breaking)
+        match = "graph break|Unsupported"
+    torch._dynamo.reset()
+    with pytest.warns(RuntimeWarning, match=match):
+        tokens, logits = _generate(model, PROMPT, do_sample=False)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+    assert model._replayssm.compile_failure is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # already fallen back: no second warning
+        again, _ = _generate(model, PROMPT, do_sample=False)
+    assert torch.equal(again, ref_tokens)
+
+
+def test_compile_patch_is_undone_and_checked():
+    model = testing.tiny_model("qwen3_5")
+    replayssm.patch(model, compile=True)
+    assert {"generate", "get_compiled_call"} <= set(model.__dict__)
+    assert model._replayssm.compile_config.fullgraph and model._replayssm.compile_config.dynamic is False
+    replayssm.unpatch(model)
+    assert not {"generate", "get_compiled_call"} & set(model.__dict__)
+    with pytest.raises(TypeError, match="compile must be"):
+        replayssm.patch(model, compile="yes")
+    assert not replayssm.integrations.hf.is_patched(model)
