@@ -84,6 +84,20 @@ def test_compile_true_with_inductor_equals_eager_patched():
     torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
 
 
+def test_compiled_conventional_step_equals_eager():
+    """The benchmark baseline in the same captured path: step="conventional" compiles to one graph too."""
+    config = replayssm.ReplayConfig(window=WINDOW)
+    eager = replayssm.patch(testing.tiny_model("qwen3_5"), config, step="conventional")
+    model = replayssm.patch(testing.tiny_model("qwen3_5"), config, step="conventional", compile=_compile_config())
+    ref_tokens, ref_logits = _generate(eager, PROMPT, do_sample=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    tokens, logits = _generate(model, PROMPT, do_sample=False)
+    assert _graphs() == 1 and model._replayssm.compile_failure is None
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+
+
 def test_compiled_sampling_equals_eager_patched():
     eager = _patched("qwen3_5", False)
     model = _patched("qwen3_5", _compile_config())
