@@ -125,6 +125,8 @@ class ReplayState:
                 raise ValueError(f"replayssm.{op}: argument '{name}' must be on {self.device} like the state, got {t.device}")
 
     def _check_distinct(self, rows: Tensor, arg: str = "rows") -> None:
+        if not ops._checks.values_checkable(rows):
+            return
         host = rows.cpu()
         if host.unique().numel() != host.numel():
             raise ValueError(f"{type(self).__name__}: {arg} must not repeat a slot, got {host.tolist()}")
@@ -173,7 +175,7 @@ class ReplayState:
         if count.shape != rows.shape:
             raise ValueError(f"{type(self).__name__}: {arg} must have one entry per row ({rows.shape[0]}), got shape {tuple(count.shape)}")
         committed = self.cursor[rows].long()
-        if bool(((count < 0) | (count > committed)).any()):
+        if ops._checks.values_checkable(count) and bool(((count < 0) | (count > committed)).any()):
             raise ValueError(
                 f"{type(self).__name__}: {arg} must be in [0, committed ring entries of the row]; "
                 f"got {count.tolist()} for committed {committed.tolist()}"
