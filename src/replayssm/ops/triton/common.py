@@ -49,6 +49,20 @@ def fold_tile(b_S, b_decay, b_U, b_W):
     return b_decay * b_S + tl.dot(tl.trans(b_U), b_W, input_precision="ieee")
 
 
+@triton.jit
+def fold_store_tile(b_S, b_decay, b_U, b_W, p_tile, m_tile):
+    """Flush one checkpoint tile: fold the ring in (``fold_tile``), store it in the checkpoint's
+    dtype, and return it as stored (in fp32) so outputs use the checkpoint as stored.
+
+    The barrier makes every thread finish reading ring entry 0 before the caller overwrites it
+    with the new token's entry.
+    """
+    b_stored = fold_tile(b_S, b_decay, b_U, b_W).to(p_tile.dtype.element_ty)
+    tl.store(p_tile, b_stored, mask=m_tile)
+    tl.debug_barrier()
+    return b_stored.to(tl.float32)
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 

@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import device_context, fold_tile, next_pow2, suffix_sums, uses_float64
+from .common import device_context, fold_store_tile, next_pow2, suffix_sums, uses_float64
 from .configs import LaunchConfig, gdn_conventional_config, gdn_replay_config
 
 
@@ -112,13 +112,8 @@ def _gdn_replay_kernel(
             p_ring_row_d + o_l[:, None] * s_rd_l + o_v[None, :] * s_rd_v, mask=m_hist[:, None] & m_v[None, :], other=0.0
         ).to(tl.float32)
         if flush:
-            # Fold the ring in one rank-L update, in fp32: S <- exp(G) S + sum_i exp(G_i) d_i k_i^T.
-            b_S = fold_tile(b_S, b_decay_f, b_rd * b_wf[:, None], b_rk)
-            b_S_stored = b_S.to(p_ckpt.dtype.element_ty)
-            tl.store(p_tile, b_S_stored, mask=m_tile)
-            b_S = b_S_stored.to(tl.float32)
-            # Every thread has read ring_d[0] before anyone overwrites it below.
-            tl.debug_barrier()
+            # Fold the ring in one rank-L update in fp32; the outputs use the stored tile.
+            b_S = fold_store_tile(b_S, b_decay_f, b_rd * b_wf[:, None], b_rk, p_tile, m_tile)
         b_v = tl.load(p_v + i_b64 * s_v_b + i_h64 * s_v_h + o_v * s_v_v, mask=m_v, other=0.0).to(tl.float32)
         # alpha_t S_{t-1} k_t and alpha_t S_{t-1} q_t from one read of the tile.
         b_r = b_decay * tl.sum(b_S * b_k[None, :], axis=1) + tl.sum(b_wk[:, None] * b_rd, axis=0)
@@ -230,11 +225,8 @@ def _gdn_verify_kernel(
             p_ring_row_d + o_l[:, None] * s_rd_l + o_v[None, :] * s_rd_v, mask=m_hist[:, None] & m_v[None, :], other=0.0
         ).to(tl.float32)
         if flush:
-            b_S = fold_tile(b_S, b_decay_f, b_rd * b_wf[:, None], b_rk)
-            b_S_stored = b_S.to(p_ckpt.dtype.element_ty)
-            tl.store(p_tile, b_S_stored, mask=m_tile)
-            b_S = b_S_stored.to(tl.float32)
-            tl.debug_barrier()
+            # Fold the ring in one rank-L update in fp32; the outputs use the stored tile.
+            b_S = fold_store_tile(b_S, b_decay_f, b_rd * b_wf[:, None], b_rk, p_tile, m_tile)
         b_Dn = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
         for t in tl.static_range(T):
             b_k_t = tl.sum(tl.where(o_t[:, None] == t, b_K, 0.0), axis=0)

@@ -31,7 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import device_context, fold_tile, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
+from .common import device_context, fold_store_tile, fold_tile, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
 from .configs import LaunchConfig, mamba2_conventional_config, mamba2_flush_config, mamba2_replay_config, mamba2_verify_config
 
 
@@ -353,11 +353,8 @@ def _mamba2_verify_kernel(
             p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_hist[:, None] & m_p[None, :], other=0.0
         ).to(tl.float32)
         if flush:
-            b_S = fold_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB)
-            b_S_stored = b_S.to(p_ckpt.dtype.element_ty)
-            tl.store(p_tile, b_S_stored, mask=m_tile)
-            b_S = b_S_stored.to(tl.float32)
-            tl.debug_barrier()
+            # Fold the ring in one rank-L update in fp32; the outputs use the stored tile.
+            b_S = fold_store_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB, p_tile, m_tile)
         b_xn = tl.load(p_x_row + o_t[:, None] * s_x_t + o_p[None, :] * s_x_p, mask=m_t[:, None] & m_p[None, :], other=0.0).to(tl.float32)
         for t in tl.static_range(T):
             b_C_t = tl.load(p_C_row + t * s_C_t + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
