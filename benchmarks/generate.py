@@ -11,7 +11,7 @@ activations, fp32 recurrent state):
 * ``qwen3_5-like``: hidden 2048, Gated DeltaNet layers of 16 key heads / 32
   value heads x 128 x 128, pattern linear, linear, linear, full attention.
 
-For each model and batch (1, 16, 64, 256), decode tokens/s of
+For each model and batch (1, 16, 64, 256), these modes:
 
 * ``transformers``: the unpatched model (whatever kernels transformers finds:
   mamba_ssm / causal_conv1d / fla when installed, its torch path otherwise);
@@ -23,22 +23,57 @@ With ``--captured``, also ``conventional-captured`` and ``replay-captured``:
 the patched step in a static cache through ``torch.compile(fullgraph=True,
 dynamic=False)``, mode "reduce-overhead" (CUDA graphs) with inductor; with
 ``--tiny`` on the CPU the backend is "eager" (a smoke test of the plumbing).
+Dynamo's caches (and CUDA graphs) are reset after each captured mode, so the
+next one compiles from scratch. ``--modes`` picks a subset.
 
 Decode is timed as ``--steps`` single-token forwards after a prefill of
-``--prompt`` tokens (prefill not timed), median of ``--repeats``. Then
-assisted decoding with prompt lookup at batch 1 vs plain greedy (patched
-replay), tokens/s through ``generate``, on a prompt that repeats itself.
+``--prompt`` tokens (prefill not timed), median of ``--repeats``. Per mode:
 
-Prints a table; writes ``generate.json`` and ``generate.png`` into ``--out``.
+* ``tokens_per_s``: batch x steps / median time of the timed steps;
+* ``ms_per_step``: that median time / steps, in ms (= 1000 x batch / tokens_per_s);
+* ``peak_memory_gib``: ``torch.cuda.max_memory_allocated`` over the mode's
+  whole run (prefill, warm-up or compilation, timed steps), model weights
+  included, in GiB; None on the CPU;
+* ``state_op_share``: kernel time of the recurrent-state op / all kernel time
+  of a decode step, not a wall-clock share. Measured after the timing, over
+  ``--profile-steps`` extra steps (default: one window, at most ``--steps``,
+  so a replay row's checkpoint fold counts once per window, as in the timed
+  steps; 0 turns the profiler off) under
+  ``torch.profiler`` (CUDA activity), from a fresh prefill: the sum of the
+  durations of the CUDA kernels whose name begins with ``_mamba2_``, ``_gdn_``
+  or ``_commit`` (replayssm's Triton kernels; the op launches nothing else)
+  over the sum of the durations of all CUDA kernels (memcpy / memset not
+  counted). Idle GPU time between kernels (launch gaps, host work) is in
+  neither sum, so the eager modes' share is of their kernel time, not of their
+  step time. Patched modes on CUDA only; None for ``transformers`` (its kernels
+  cannot be told apart by name), on the CPU, and when the profiler fails or
+  records no kernel;
+* ``wall_seconds``: how long the mode took, compilation and profiling included;
+* ``errors``: a mode that raises (an out-of-memory at batch 256, say) is
+  recorded with NaN tokens/s and ms, its error (type and first line), and the
+  run goes on.
+
+One line is printed per mode as it finishes, and ``generate.json`` is
+rewritten after every mode, so a run cut off by a time limit keeps what it
+measured. Then (unless ``--no-assisted``) assisted decoding with prompt lookup
+at batch 1 vs plain greedy (patched replay), tokens/s through ``generate``, on
+a prompt that repeats itself.
+
+Prints a markdown table; writes ``generate.json`` (NaN for a failed mode) and
+``generate.png`` into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
+import math
 import platform
+import re
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,10 +146,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decode_tokens_per_second(
-    model, batch: int, prompt: int, steps: int, repeats: int, device: torch.device, compile_kwargs: dict | None = None
-) -> float:
-    """Median tokens/s of ``steps`` single-token decode forwards at ``batch`` rows, after an untimed prefill.
+def time_decode(
+    model,
+    batch: int,
+    prompt: int,
+    steps: int,
+    repeats: int,
+    device: torch.device,
+    compile_kwargs: dict | None = None,
+    profile_steps: int = 0,
+) -> tuple[float, float | None]:
+    """Median seconds per decode step at ``batch`` rows (``steps`` single-token forwards after an untimed prefill),
+    and the state-op share of ``profile_steps`` further steps (None when not profiled).
 
     With ``compile_kwargs``: a static cache, and each step through
     ``torch.compile(model, **compile_kwargs)`` with the ops' value checks off
@@ -132,29 +175,76 @@ def decode_tokens_per_second(
         previous_checks = replayssm.ops.set_value_checks(False)
     gen = torch.Generator(device="cpu").manual_seed(batch)
     ids = torch.randint(3, vocab, (batch, prompt + steps + 1), generator=gen).to(device)
+
+    def prefill():
+        if compile_kwargs is None:
+            cache = testing.new_cache(model)
+        else:
+            cache = StaticCache(config=text_config, max_cache_len=prompt + steps)
+        model(input_ids=ids[:, :prompt], **{kw: cache}, use_cache=True, logits_to_keep=1)
+        _sync(device)
+        return cache
+
+    def decode(cache, count: int) -> None:
+        for pos in range(prompt, prompt + count):
+            position = torch.full((batch, 1), pos, device=device)
+            forward(input_ids=ids[:, pos : pos + 1], position_ids=position, **{kw: cache}, use_cache=True, logits_to_keep=1)
+        _sync(device)
+
     times = []
     with torch.no_grad():
         try:
             for _ in range(repeats + 1):  # the first run warms up (and compiles)
-                if compile_kwargs is None:
-                    cache = testing.new_cache(model)
-                else:
-                    cache = StaticCache(config=text_config, max_cache_len=prompt + steps)
-                model(input_ids=ids[:, :prompt], **{kw: cache}, use_cache=True, logits_to_keep=1)
-                _sync(device)
+                cache = prefill()
                 start = time.perf_counter()
-                for pos in range(prompt, prompt + steps):
-                    position = torch.full((batch, 1), pos, device=device)
-                    forward(input_ids=ids[:, pos : pos + 1], position_ids=position, **{kw: cache}, use_cache=True, logits_to_keep=1)
-                _sync(device)
+                decode(cache, steps)
                 times.append(time.perf_counter() - start)
+            share = None
+            if profile_steps:  # after the timing, from a fresh prefill: the profiler never runs during a timed step
+                cache = prefill()
+                share = profiled_state_op_share(lambda: decode(cache, profile_steps))
         finally:
             if compile_kwargs is not None:
                 replayssm.ops.set_value_checks(previous_checks)
-    return batch * steps / statistics.median(times[1:])
+    return statistics.median(times[1:]) / steps, share
 
 
-def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: torch.device, lookup: int | None) -> tuple[float, bool]:
+#: replayssm's Triton kernels (``_mamba2_main_kernel``, ``_gdn_replay_kernel``, ``_commit_kernel``, ...):
+#: one of these names at the start of an identifier in the kernel name
+STATE_OP_KERNEL = re.compile(r"(?<!\w)(_mamba2_|_gdn_|_commit)")
+
+
+def state_op_share(kernels: list[tuple[str, float]]) -> float | None:
+    """Duration of the state-op kernels over the duration of all ``kernels`` (name, duration); None without kernels."""
+    total = sum(duration for _, duration in kernels)
+    if not total:
+        return None
+    return sum(duration for name, duration in kernels if STATE_OP_KERNEL.search(name)) / total
+
+
+def profiled_state_op_share(run) -> float | None:
+    """:func:`state_op_share` of the CUDA kernels ``run()`` launches, under ``torch.profiler``; None (and a line saying why) when it cannot tell."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+            run()
+        # read from the exported trace: its event categories are the same on every torch version ("Kernel" on old ones)
+        with tempfile.TemporaryDirectory() as folder:
+            trace = Path(folder) / "trace.json"
+            profiler.export_chrome_trace(str(trace))
+            events = json.loads(trace.read_text())["traceEvents"]
+        kernels = [(event["name"], event["dur"]) for event in events if str(event.get("cat")).lower() == "kernel"]
+    except Exception as err:  # the share is a side figure: a profiler problem must not cost the mode's timing
+        print(f"state-op share not measured: {_error_line(err)}", flush=True)
+        return None
+    share = state_op_share(kernels)
+    if share is None:
+        print("state-op share not measured: the profiler recorded no CUDA kernel", flush=True)
+    return share
+
+
+def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: torch.device, lookup: int | None) -> tuple[float, torch.Tensor]:
     """Tokens/s of greedy ``generate`` at batch 1 (``lookup``: prompt-lookup draft length, None for plain greedy)."""
     vocab = model.config.get_text_config(decoder=True).vocab_size
     phrase = torch.arange(5, 5 + 24) % vocab
@@ -172,21 +262,91 @@ def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: tor
     return new_tokens / statistics.median(times[1:]), out
 
 
+def measure_mode(
+    model,
+    mode: str,
+    config: replayssm.ReplayConfig,
+    batch: int,
+    prompt: int,
+    steps: int,
+    repeats: int,
+    device: torch.device,
+    compile_kwargs: dict,
+    profile_steps: int,
+) -> dict:
+    """Patch ``model`` for ``mode`` and measure its decode: tokens/s, ms per step, peak GiB, state-op share."""
+    replayssm.unpatch(model)
+    step, _, captured = mode.partition("-")
+    if step != "transformers":
+        replayssm.patch(model, config, step=step)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    profiled = step != "transformers" and device.type == "cuda"  # stock kernels have no names to attribute
+    try:
+        seconds_per_step, share = time_decode(
+            model, batch, prompt, steps, repeats, device, compile_kwargs if captured else None, profile_steps if profiled else 0
+        )
+    finally:
+        if captured:  # frees this mode's CUDA graphs and keeps dynamo's recompile limit out of the next mode
+            torch._dynamo.reset()
+    return {
+        "tokens_per_s": batch / seconds_per_step,
+        "ms_per_step": 1000 * seconds_per_step,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "state_op_share": share,
+    }
+
+
+#: the per-mode figures of a row, as measure_mode returns them
+FIGURES = ("tokens_per_s", "ms_per_step", "peak_memory_gib", "state_op_share")
+#: the figures of a mode that raised
+FAILED = dict(zip(FIGURES, (float("nan"), float("nan"), None, None)))
+
+
+def _error_line(err: BaseException) -> str:
+    message = str(err).strip()
+    return f"{type(err).__name__}: {message.splitlines()[0]}" if message else type(err).__name__
+
+
+def _cell(value: float | None, template: str, missing: str = "-") -> str:
+    return missing if value is None or math.isnan(value) else template.format(value)
+
+
+def format_mode(figures: dict) -> str:
+    """One mode's figures on one line (the progress lines)."""
+    return (
+        f"{_cell(figures['tokens_per_s'], '{:.1f}')} tok/s, {_cell(figures['ms_per_step'], '{:.3f}')} ms/step, "
+        f"peak {_cell(figures['peak_memory_gib'], '{:.2f}')} GiB, state ops {_cell(figures['state_op_share'], '{:.1%}')} of kernel time"
+    )
+
+
 def format_table(rows: list[dict]) -> str:
+    """A markdown table: per mode tok/s and ms per step, per mode peak GiB, the state-op share of the replay and
+    conventional modes (captured ones when measured), replay's speed-up over transformers and over conventional."""
     modes = list(rows[0]["tokens_per_s"]) if rows else list(MODES)
+    captured = [m for m in ("replay-captured", "conventional-captured") if m in modes]
+    share_modes = captured or [m for m in ("replay", "conventional") if m in modes]
     best = "replay-captured" if "replay-captured" in modes else "replay"
     baseline = "conventional-captured" if best == "replay-captured" else "conventional"
-    width = max(19, max(len(m) + 6 for m in modes))
-    lines = [
-        f"{'model':<16} {'batch':>5} " + " ".join(f"{m + ' tok/s':>{width}}" for m in modes)
-        + f" {best + '/transformers':>{len(best) + 14}} {best + '/' + baseline:>{len(best + baseline) + 2}}"
-    ]  # fmt: skip
+    ratios = [(best, other) for other in ("transformers", baseline) if best in modes and other in modes]
+    header = (
+        ["model", "batch"]
+        + [f"{m} {unit}" for m in modes for unit in ("tok/s", "ms")]
+        + [f"{m} GiB" for m in modes]
+        + [f"{m} state-op share" for m in share_modes]
+        + [f"{a}/{b}" for a, b in ratios]
+    )
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         t = r["tokens_per_s"]
-        lines.append(
-            f"{r['model']:<16} {r['batch']:>5} " + " ".join(f"{t[m]:>{width}.1f}" for m in modes)
-            + f" {t[best] / t['transformers']:>{len(best) + 13}.2f}x {t[best] / t[baseline]:>{len(best + baseline) + 1}.2f}x"
-        )  # fmt: skip
+        cells = [r["model"], str(r["batch"])]
+        for m in modes:
+            cells += [_cell(t[m], "{:.1f}", "failed"), _cell(r["ms_per_step"][m], "{:.3f}", "failed")]
+        cells += [_cell(r["peak_memory_gib"][m], "{:.2f}") for m in modes]
+        cells += [_cell(r["state_op_share"][m], "{:.1%}") for m in share_modes]
+        cells += [_cell(t[a] / t[b], "{:.2f}x") for a, b in ratios]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -200,8 +360,9 @@ def plot(rows: list[dict], assisted: list[dict], path: Path) -> None:
         print("matplotlib not installed: no PNG")
         return
     names = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(1, len(names) + 1, figsize=(5 * (len(names) + 1), 4))
-    for ax, name in zip(axes, names):
+    panels = len(names) + bool(assisted)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
         sub = [r for r in rows if r["model"] == name]
         for mode in sub[0]["tokens_per_s"]:
             ax.plot([r["batch"] for r in sub], [r["tokens_per_s"][mode] for r in sub], marker="o", label=mode)
@@ -211,12 +372,13 @@ def plot(rows: list[dict], assisted: list[dict], path: Path) -> None:
         ax.set_ylabel("decode tokens/s")
         ax.set_title(name)
         ax.legend()
-    ax = axes[-1]
-    labels = [f"{a['model']}\n{a['method']}" for a in assisted]
-    ax.bar(range(len(assisted)), [a["tokens_per_s"] for a in assisted])
-    ax.set_xticks(range(len(assisted)), labels, fontsize=7)
-    ax.set_ylabel("tokens/s (batch 1, generate)")
-    ax.set_title("prompt lookup vs greedy (replay)")
+    if assisted:
+        ax = axes[0][-1]
+        labels = [f"{a['model']}\n{a['method']}" for a in assisted]
+        ax.bar(range(len(assisted)), [a["tokens_per_s"] for a in assisted])
+        ax.set_xticks(range(len(assisted)), labels, fontsize=7)
+        ax.set_ylabel("tokens/s (batch 1, generate)")
+        ax.set_title("prompt lookup vs greedy (replay)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -228,12 +390,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batches", type=int, nargs="+", default=None)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument(
+        "--modes", nargs="+", default=None, choices=MODES + CAPTURED_MODES, help="default: all (the captured ones with --captured)"
+    )
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=None, help="prefill tokens (default 64; 8 with --tiny)")
     parser.add_argument("--steps", type=int, default=None, help="timed decode steps (default 64; 4 with --tiny)")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument(
+        "--profile-steps", type=int, default=None, help="profiled steps for the state-op share (default: the window, at most --steps; 0: none)"
+    )
     parser.add_argument("--lookup", type=int, default=8, help="prompt-lookup draft length")
     parser.add_argument("--new-tokens", type=int, default=None, help="generate length for the assisted runs")
+    parser.add_argument("--no-assisted", action="store_true", help="skip the batch-1 assisted-decoding runs")
     parser.add_argument("--captured", action="store_true", help="also time the patched steps in a static cache through torch.compile")
     parser.add_argument(
         "--compile-backend",
@@ -248,9 +417,11 @@ def main(argv: list[str] | None = None) -> None:
     prompt = args.prompt or (8 if tiny else 64)
     steps = args.steps or (4 if tiny else 64)
     repeats = args.repeats or (1 if tiny else 5)
+    # the static cache holds prompt + steps tokens, so the profiled steps fit in it
+    profile_steps = min(args.window if args.profile_steps is None else args.profile_steps, steps)
     new_tokens = args.new_tokens or (8 if tiny else 128)
     dtype = torch.float32 if tiny else torch.bfloat16
-    modes = MODES + (CAPTURED_MODES if args.captured else ())
+    modes = tuple(args.modes) if args.modes else MODES + (CAPTURED_MODES if args.captured else ())
     backend = args.compile_backend or ("eager" if tiny and device.type != "cuda" else "inductor")
     compile_kwargs = dict(fullgraph=True, dynamic=False, backend=backend)
     if backend == "inductor":
@@ -259,46 +430,6 @@ def main(argv: list[str] | None = None) -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    config = replayssm.ReplayConfig(window=args.window)
-    rows, assisted = [], []
-    for name in args.models:
-        model = build(name, tiny, device, dtype)
-        for batch in batches:
-            tps = {}
-            for mode in modes:
-                replayssm.unpatch(model)
-                step, _, captured = mode.partition("-")
-                if step != "transformers":
-                    replayssm.patch(model, config, step=step)
-                try:
-                    tps[mode] = decode_tokens_per_second(
-                        model, batch, prompt, steps, repeats, device, compile_kwargs if captured else None
-                    )
-                except torch.OutOfMemoryError:
-                    tps[mode] = float("nan")
-                    torch.cuda.empty_cache()
-            rows.append({"model": name, "batch": batch, "tokens_per_s": tps})
-            print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-        replayssm.unpatch(model)
-        replayssm.patch(model, config)
-        greedy_tps, greedy_out = assisted_tokens_per_second(model, new_tokens, repeats, device, None)
-        lookup_tps, lookup_out = assisted_tokens_per_second(model, new_tokens, repeats, device, args.lookup)
-        identical = bool(torch.equal(greedy_out, lookup_out))
-        assisted.append({"model": name, "method": "greedy", "tokens_per_s": greedy_tps})
-        assisted.append({"model": name, "method": f"prompt lookup {args.lookup}", "tokens_per_s": lookup_tps, "identical_to_greedy": identical})
-        replayssm.unpatch(model)
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    print()
-    print(format_table(rows))
-    print()
-    for a in assisted:
-        extra = f" (identical to greedy: {a['identical_to_greedy']})" if "identical_to_greedy" in a else ""
-        print(f"{a['model']:<16} batch 1 {a['method']:<18} {a['tokens_per_s']:>10.1f} tok/s{extra}")
-
-    args.out.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
@@ -310,12 +441,68 @@ def main(argv: list[str] | None = None) -> None:
         "prompt": prompt,
         "steps": steps,
         "repeats": repeats,
-        "captured": compile_kwargs if args.captured else None,
+        "profile_steps": profile_steps if device.type == "cuda" else 0,
+        "modes": list(modes),
+        "captured": compile_kwargs if set(modes) & set(CAPTURED_MODES) else None,
         "kernels": {mod: _importable(mod) for mod in ("mamba_ssm", "causal_conv1d", "fla")},
     }
-    (args.out / "generate.json").write_text(json.dumps({"meta": meta, "decode": rows, "assisted": assisted}, indent=2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "generate.json"
+    config = replayssm.ReplayConfig(window=args.window)
+    rows, assisted = [], []
+
+    def save() -> None:  # after every mode: a run cut off by a time limit keeps what it measured
+        json_path.write_text(json.dumps({"meta": meta, "decode": rows, "assisted": assisted}, indent=2))
+
+    for name in args.models:
+        model = build(name, tiny, device, dtype)
+        for batch in batches:
+            row = {"model": name, "batch": batch, **{figure: {} for figure in FIGURES}, "wall_seconds": {}, "errors": {}}
+            rows.append(row)
+            for mode in modes:
+                started = time.perf_counter()
+                try:
+                    figures = measure_mode(model, mode, config, batch, prompt, steps, repeats, device, compile_kwargs, profile_steps)
+                except Exception as err:  # one failed mode (the stock model's OOM at batch 256) must not end the run
+                    figures = FAILED
+                    row["errors"][mode] = _error_line(err)
+                for figure in FIGURES:
+                    row[figure][mode] = figures[figure]
+                row["wall_seconds"][mode] = time.perf_counter() - started
+                if mode in row["errors"]:
+                    print(f"WARNING {name} batch {batch} {mode} failed after {row['wall_seconds'][mode]:.1f} s: {row['errors'][mode]}", flush=True)
+                    if device.type == "cuda":  # the exception is gone by now, and with it what its frames held
+                        gc.collect()
+                        torch.cuda.empty_cache()
+                else:
+                    print(f"{name} batch {batch} {mode}: {format_mode(figures)}, {row['wall_seconds'][mode]:.1f} s", flush=True)
+                save()
+        replayssm.unpatch(model)
+        if not args.no_assisted:
+            replayssm.patch(model, config)
+            greedy_tps, greedy_out = assisted_tokens_per_second(model, new_tokens, repeats, device, None)
+            lookup_tps, lookup_out = assisted_tokens_per_second(model, new_tokens, repeats, device, args.lookup)
+            identical = bool(torch.equal(greedy_out, lookup_out))
+            assisted.append({"model": name, "method": "greedy", "tokens_per_s": greedy_tps})
+            assisted.append({"model": name, "method": f"prompt lookup {args.lookup}", "tokens_per_s": lookup_tps, "identical_to_greedy": identical})
+            replayssm.unpatch(model)
+            save()
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    print()
+    print(format_table(rows))
+    for r in rows:
+        for mode, error in r["errors"].items():
+            print(f"failed: {r['model']} batch {r['batch']} {mode}: {error}")
+    print()
+    for a in assisted:
+        extra = f" (identical to greedy: {a['identical_to_greedy']})" if "identical_to_greedy" in a else ""
+        print(f"{a['model']:<16} batch 1 {a['method']:<18} {a['tokens_per_s']:>10.1f} tok/s{extra}")
+
     plot(rows, assisted, args.out / "generate.png")
-    print(f"wrote {args.out / 'generate.json'} and {args.out / 'generate.png'}")
+    print(f"wrote {json_path} and {args.out / 'generate.png'}")
 
 
 def _importable(module: str) -> bool:

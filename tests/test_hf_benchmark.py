@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,13 +12,60 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 
-def test_generate_benchmark_smoke(tmp_path):
+@pytest.fixture
+def bench():
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "generate.py"
     spec = importlib.util.spec_from_file_location("bench_generate", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generate_benchmark_smoke(bench, tmp_path, capsys):
     bench.main(["--tiny", "--device", "cpu", "--models", "qwen3_5-like", "--batches", "2", "--steps", "2", "--new-tokens", "6", "--captured", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "generate.json").read_text())
-    assert {r["batch"] for r in result["decode"]} == {2}
-    assert set(result["decode"][0]["tokens_per_s"]) == {"transformers", "conventional", "replay", "conventional-captured", "replay-captured"}
+    modes = {"transformers", "conventional", "replay", "conventional-captured", "replay-captured"}
+    [row] = result["decode"]
+    assert row["batch"] == 2
+    assert row["errors"] == {}
+    for figure in ("tokens_per_s", "ms_per_step", "peak_memory_gib", "state_op_share", "wall_seconds"):
+        assert set(row[figure]) == modes, figure
+    for mode in modes:
+        assert row["ms_per_step"][mode] > 0
+        assert row["ms_per_step"][mode] == pytest.approx(1000 * 2 / row["tokens_per_s"][mode], rel=1e-9)
+        assert row["peak_memory_gib"][mode] is None  # CPU
+        assert row["state_op_share"][mode] is None  # not profiled on the CPU
+        assert row["wall_seconds"][mode] > 0
     assert [a for a in result["assisted"] if "identical_to_greedy" in a][0]["identical_to_greedy"]
+    out = capsys.readouterr().out
+    assert "qwen3_5-like batch 2 replay-captured: " in out  # a progress line per mode
+    assert "| qwen3_5-like | 2 |" in out  # the table
+
+
+def test_failed_mode_is_recorded_and_the_run_goes_on(bench, tmp_path, capsys, monkeypatch):
+    time_decode = bench.time_decode
+    calls = []
+
+    def fail_on_first_call(*args, **kwargs):  # the first mode is transformers
+        calls.append(args)
+        if len(calls) == 1:  # any exception, not only an out-of-memory
+            raise ValueError("no kernel for this shape\nmore detail")
+        return time_decode(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "time_decode", fail_on_first_call)
+    bench.main(["--tiny", "--device", "cpu", "--models", "qwen3_5-like", "--batches", "1", "--steps", "2", "--modes", "transformers", "replay", "--no-assisted", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "generate.json").read_text())
+    [row] = result["decode"]
+    assert row["errors"] == {"transformers": "ValueError: no kernel for this shape"}
+    assert math.isnan(row["tokens_per_s"]["transformers"]) and math.isnan(row["ms_per_step"]["transformers"])
+    assert row["tokens_per_s"]["replay"] > 0
+    assert result["assisted"] == []
+    out = capsys.readouterr().out
+    assert "WARNING qwen3_5-like batch 1 transformers failed" in out
+    assert "| qwen3_5-like | 1 | failed | failed |" in out
+
+
+def test_state_op_share_counts_replayssm_kernels_only(bench):
+    kernels = [("_mamba2_main_kernel", 3.0), ("_commit_kernel", 1.0), ("triton_poi_fused__gdn_step_0", 2.0), ("sm90_gemm", 4.0)]
+    assert bench.state_op_share(kernels) == pytest.approx(0.4)
+    assert bench.state_op_share([]) is None  # no kernels seen: unknown, not 0
