@@ -122,7 +122,7 @@ def test_replay_step_without_optional_inputs_and_uncommitted(device):
         assert rel_err(ours[1], theirs[1]) < 1e-6 and rel_err(ours[4], theirs[4]) < 1e-6
 
 
-# (main / verify kernel config, T = 1 flush kernel config); a block under 16 is for the main kernel only
+# (main kernel config, flush kernel config); the flush kernel's fold is a tl.dot: block >= 16
 VARIANTS = [
     pytest.param(LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2), id="block32-split1"),
     pytest.param(LaunchConfig(16, 2, 2), LaunchConfig(32, 1, 4), id="block16-split2"),
@@ -145,7 +145,7 @@ def test_replay_step_launch_variants(config, flush_config, device):
         x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=T)
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, config=config if T == 1 or config.block >= 16 else None, flush_config=flush_config)
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, config=config, flush_config=flush_config)
         assert rel_err(y, y_ref) < 1e-5
         for a, b in zip(ours, theirs):
             assert rel_err(a, b) < 1e-5
@@ -183,9 +183,10 @@ def test_replay_checkpoint_tracks_float64_recurrence(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_verify_commit_tracks_float64_recurrence(device):
-    """T = 2..4 draft tokens per step, random accepted counts: outputs and materialize() vs the float64
+    """T = 2..4 tokens per launch, each row with its own number of real drafts (1..T; the rest is
+    padding, never accepted), random accepted counts: outputs and materialize() vs the float64
     recurrence over accepted tokens only; ring, checkpoint and cursors vs the reference, across flushes."""
-    batch, heads, head_dim, state_size, groups, window = 3, 2, 16, 32, 1, 6
+    batch, heads, head_dim, state_size, groups, window = 3, 4, 16, 32, 2, 6
     gen = _gen()
     rows = torch.tensor([2, 0, 1], device=device)
     A, D, dt_bias = _params(heads, device, gen)
@@ -205,7 +206,8 @@ def test_verify_commit_tracks_float64_recurrence(device):
         y = torch.full_like(x, float("nan"))
         kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y)
         assert rel_err(y, y_ref) < 1e-5
-        accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
+        drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
+        accepted = (torch.rand(batch, generator=gen) * (drafts + 1)).long().clamp(max=drafts).to(device)
         for state in (ours, theirs):
             ref.commit(state[5], state[6], rows, accepted)
         for name, a, b in zip(("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay"), ours[:5], theirs[:5]):
@@ -214,7 +216,7 @@ def test_verify_commit_tracks_float64_recurrence(device):
         for b in range(batch):
             r = int(rows[b])
             s = naive.state[r]
-            for t in range(T):
+            for t in range(int(drafts[b])):
                 y_t, s = naive.token(r, cpu(x[b, t]), cpu(dt[b, t]), cpu(A), cpu(B[b, t]), cpu(C[b, t]), cpu(D), cpu(dt_bias), cpu(z[b, t]), state=s)
                 assert rel_err(y[b, t].cpu(), y_t) < 1e-5
                 if t + 1 == int(accepted[b]):

@@ -1,20 +1,24 @@
-"""Triton kernels for Mamba-2: the replay step (T = 1), verification (T > 1) and the conventional baseline.
+"""Triton kernels for Mamba-2: the replay step (decoding and verification) and the conventional baseline.
 
-Replay step, one token per row (docs/ops.md, SPEC §2), three launches:
+Replay step, T tokens per row (T = 1 decoding, T > 1 verification; docs/ops.md,
+SPEC §2-3), three launches:
 
-1. ``_mamba2_flush_kernel`` over (tile group, head, row): rows whose ring is
-   full fold it into the checkpoint (fp32, stored in the checkpoint dtype)
-   and compute their output from the stored tile; every other program exits
-   after reading its cursor. The only checkpoint write.
-2. ``_mamba2_weights_kernel`` over (group, row): per head, the scalars the
-   main launch needs (ring weights ``exp(G(i, t)) dt_i (B_i . C_t)``, the
-   checkpoint decay, the token's own weight) into a small scratch tensor;
-   appends B, dt, dt*A at the row's ring position; records that position.
+1. ``_mamba2_flush_kernel`` over (tile group, head, row): rows whose ring
+   cannot take T more entries fold it into the checkpoint (fp32, stored in
+   the checkpoint dtype); for T = 1 they also compute their output from the
+   stored tile; every other program exits after reading its cursor. The only
+   checkpoint write.
+2. ``_mamba2_weights_kernel`` over (group, row): per head and new token, the
+   weights the main launch needs (ring weights ``exp(G(i, t)) dt_i (B_i .
+   C_t)``, the checkpoint decay, the causal weights among the new tokens)
+   into a small scratch tensor; appends B, dt, dt*A at the row's ring
+   positions; records the first of them.
 3. ``_mamba2_main_kernel`` over (tile, head, row), shaped like the
    conventional kernel: one read of a checkpoint tile plus the ring's x
-   slice gives the outputs of the rows that did not fold; writes the tile's
-   x entry; never writes the state. One program per row moves the cursor:
-   nothing in this launch reads it.
+   slice gives the T outputs (T = 1: of the rows that did not fold); writes
+   the tile's x entries; never writes the state. One program per row moves
+   the cursor (and, for verification, records T pending entries): nothing
+   in this launch reads it.
 
 Launches are ordered, which is the only synchronisation needed: each ring
 position and the cursor change only in a launch after every reader of them.
@@ -51,20 +55,22 @@ def _mamba2_flush_kernel(
     s_rdt_s, s_rdt_l, s_rdt_h,
     s_rld_s, s_rld_l, s_rld_h,
     P, N, L, heads_per_group,
+    T: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """Launch 1 of a T = 1 step: rows whose ring is full fold it and compute their output; others exit.
+    """Launch 1: rows whose ring cannot take the T new entries (``cursor + T > L``) fold it; others exit.
 
-    Fold in fp32 (one rank-L ``tl.dot`` per tile), store in the checkpoint dtype, and form
-    ``y = exp(l_t) S C_t + (dt_t B_t.C_t + D) x_t`` from the stored (rounded) tile: after a fold
-    the ring is empty, so no other term enters and the main launch skips the row.
+    Fold in fp32 (one rank-L ``tl.dot`` per tile), store in the checkpoint dtype. For T = 1 the
+    folding rows also get their output here, ``y = exp(l_t) S C_t + (dt_t B_t.C_t + D) x_t`` from the
+    stored (rounded) tile (after a fold the ring is empty, so no other term enters), and the main
+    launch skips them; for T > 1 the main launch computes every row's outputs from the stored tile.
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(p_rows + i_b).to(tl.int64)
     cur = tl.load(p_cursor + slot)
-    if cur + 1 > L:
+    if cur + T > L:
         i_g = i_h // heads_per_group
         i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
         o_n = tl.arange(0, BLOCK_N)
@@ -79,18 +85,19 @@ def _mamba2_flush_kernel(
         ).to(tl.float32)
         b_wf = tl.where(m_hist, tl.exp(suffix_sums(b_rld, o_l)) * b_rdt, 0.0)
         b_decay_f = tl.exp(tl.sum(b_rld, axis=0))
-        # The token's scalars.
-        b_dt = tl.load(p_dt + i_b64 * s_dt_b + i_h64 * s_dt_h).to(tl.float32)
-        if HAS_DT_BIAS:
-            b_dt += tl.load(p_dt_bias + i_h).to(tl.float32)
-        if DT_SOFTPLUS:
-            b_dt = softplus(b_dt)
-        b_decay = tl.exp(b_dt * tl.load(p_A + i_h).to(tl.float32))
-        b_B = tl.load(p_B + i_b64 * s_B_b + i_g64 * s_B_g + o_n * s_B_n, mask=m_n, other=0.0).to(tl.float32)
-        b_C = tl.load(p_C + i_b64 * s_C_b + i_g64 * s_C_g + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
-        b_wx = b_dt * tl.sum(b_B * b_C, axis=0)
-        if HAS_D:
-            b_wx += tl.load(p_D + i_h).to(tl.float32)
+        if T == 1:
+            # The token's scalars.
+            b_dt = tl.load(p_dt + i_b64 * s_dt_b + i_h64 * s_dt_h).to(tl.float32)
+            if HAS_DT_BIAS:
+                b_dt += tl.load(p_dt_bias + i_h).to(tl.float32)
+            if DT_SOFTPLUS:
+                b_dt = softplus(b_dt)
+            b_decay = tl.exp(b_dt * tl.load(p_A + i_h).to(tl.float32))
+            b_B = tl.load(p_B + i_b64 * s_B_b + i_g64 * s_B_g + o_n * s_B_n, mask=m_n, other=0.0).to(tl.float32)
+            b_C = tl.load(p_C + i_b64 * s_C_b + i_g64 * s_C_g + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
+            b_wx = b_dt * tl.sum(b_B * b_C, axis=0)
+            if HAS_D:
+                b_wx += tl.load(p_D + i_h).to(tl.float32)
         p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
         p_ring_row_x = p_ring_x + slot * s_rx_s + i_h64 * s_rx_h
         for i_p in range(i_s, NUM_TILES, SPLIT):
@@ -102,128 +109,166 @@ def _mamba2_flush_kernel(
             b_rx = tl.load(
                 p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_hist[:, None] & m_p[None, :], other=0.0
             ).to(tl.float32)
-            # S <- exp(G) S + sum_i exp(G_i) dt_i x_i B_i^T, in fp32; outputs from the stored tile.
+            # S <- exp(G) S + sum_i exp(G_i) dt_i x_i B_i^T, in fp32.
             b_S_stored = fold_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB).to(p_ckpt.dtype.element_ty)
             tl.store(p_tile, b_S_stored, mask=m_tile)
-            b_x = tl.load(p_x + i_b64 * s_x_b + i_h64 * s_x_h + o_p * s_x_p, mask=m_p, other=0.0).to(tl.float32)
-            b_y = b_decay * tl.sum(b_S_stored.to(tl.float32) * b_C[None, :], axis=1) + b_wx * b_x
-            if HAS_Z:
-                b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
-                b_y = b_y * b_z * sigmoid(b_z)
-            tl.store(p_y + i_b64 * s_y_b + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
+            if T == 1:
+                b_x = tl.load(p_x + i_b64 * s_x_b + i_h64 * s_x_h + o_p * s_x_p, mask=m_p, other=0.0).to(tl.float32)
+                b_y = b_decay * tl.sum(b_S_stored.to(tl.float32) * b_C[None, :], axis=1) + b_wx * b_x
+                if HAS_Z:
+                    b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
+                    b_y = b_y * b_z * sigmoid(b_z)
+                tl.store(p_y + i_b64 * s_y_b + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
 
 
 @triton.jit
 def _mamba2_weights_kernel(
     p_dt, p_A, p_B, p_C, p_D, p_dt_bias,
     p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows, p_w, p_pos,
-    s_dt_b, s_dt_h,
-    s_B_b, s_B_g, s_B_n,
-    s_C_b, s_C_g, s_C_n,
+    s_dt_b, s_dt_t, s_dt_h,
+    s_B_b, s_B_t, s_B_g, s_B_n,
+    s_C_b, s_C_t, s_C_g, s_C_n,
     s_rB_s, s_rB_l, s_rB_g, s_rB_n,
     s_rdt_s, s_rdt_l, s_rdt_h,
     s_rld_s, s_rld_l, s_rld_h,
-    s_w_b, s_w_h,
+    s_w_b, s_w_h, s_w_t,
     N, L, heads_per_group,
+    T: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    """Launch 2 of a T = 1 step, one program per (group, row): the scalars of the main launch, and the append.
+    """Launch 2, one program per (group, row): the scalars of the main launch, and the append.
 
-    For each head h of the group, into ``w[b, h]``: ``w_i = exp(G(i, t)) dt_i (B_i . C_t)`` for
-    the ring entries i < c (zero beyond), then ``exp(sum_i l_i + l_t)`` and ``dt_t (B_t . C_t) + D``
-    (the B.C products once per group). Then the entry parts every tile reads (B, dt, dt*A) go to
-    ring position c, and ``pos[b]`` gets c, or -1 if the row was folded by launch 1. Position c is
-    read by no program of this launch (they read i < c); the cursor is moved by the main launch.
+    With c the row's committed entries after launch 1 (0 if it folded) and ``cum_t`` the sum of the
+    new tokens' log-decays up to t, for each head h of the group and each new token t, into
+    ``w[b, h, t]``: the ring weights ``exp(G(i) + cum_t) dt_i (B_i . C_t)`` for i < c (zero beyond),
+    at L the checkpoint decay ``exp(sum_i l_i + cum_t)``, at L + 1 + s the causal weights
+    ``exp(cum_t - cum_s) dt_s (B_s . C_t)`` for s <= t (plus D at s = t). The B.C products are
+    formed once per group. Then the entry parts every tile reads (B, dt, dt*A) of token t go to
+    ring position c + t, and ``pos[b]`` gets c, or -1 for a T = 1 row that launch 1 folded (it has
+    its output). Positions >= c are read by no program of this launch; launch 3 moves the cursor.
     """
     i_g, i_b = tl.program_id(0), tl.program_id(1)
     i_g64, i_b64 = i_g.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
     cur = tl.load(p_cursor + slot)
-    flush = cur + 1 > L
+    flush = cur + T > L
     c_eff = tl.where(flush, 0, cur)
     o_n = tl.arange(0, BLOCK_N)
     o_l = tl.arange(0, BLOCK_L)
     o_j = tl.arange(0, BLOCK_J)
+    o_t = tl.arange(0, BLOCK_T)
     m_n = o_n < N
     m_j = o_j < heads_per_group
+    m_t = o_t < T
     m_ring = o_l < c_eff
     o_h = (i_g * heads_per_group + o_j).to(tl.int64)
-    b_dt = tl.load(p_dt + i_b64 * s_dt_b + o_h * s_dt_h, mask=m_j, other=0.0).to(tl.float32)
+    m_jt = m_j[:, None] & m_t[None, :]
+    # The new tokens' dt and log-decays, (heads, tokens).
+    b_dt = tl.load(p_dt + i_b64 * s_dt_b + o_t[None, :] * s_dt_t + o_h[:, None] * s_dt_h, mask=m_jt, other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
-        b_dt += tl.load(p_dt_bias + o_h, mask=m_j, other=0.0).to(tl.float32)
+        b_dt += tl.load(p_dt_bias + o_h, mask=m_j, other=0.0).to(tl.float32)[:, None]
     if DT_SOFTPLUS:
         b_dt = softplus(b_dt)
-    b_ld = b_dt * tl.load(p_A + o_h, mask=m_j, other=0.0).to(tl.float32)
-    b_B_raw = tl.load(p_B + i_b64 * s_B_b + i_g64 * s_B_g + o_n * s_B_n, mask=m_n, other=0.0)
-    b_C = tl.load(p_C + i_b64 * s_C_b + i_g64 * s_C_g + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
+    b_dt = tl.where(m_jt, b_dt, 0.0)
+    b_ld = b_dt * tl.load(p_A + o_h, mask=m_j, other=0.0).to(tl.float32)[:, None]
+    if HAS_D:
+        b_D = tl.load(p_D + o_h, mask=m_j, other=0.0).to(tl.float32)
+    # The committed ring: B (entries, state), dt and log-decay (heads, entries).
     b_rB = tl.load(
         p_ring_B + slot * s_rB_s + i_g64 * s_rB_g + o_l[:, None] * s_rB_l + o_n[None, :] * s_rB_n,
         mask=m_ring[:, None] & m_n[None, :], other=0.0,
     ).to(tl.float32)
-    b_bc = tl.sum(b_rB * b_C[None, :], axis=1)  # (L,)
     m_jl = m_j[:, None] & m_ring[None, :]
     b_rld = tl.load(p_ring_ld + slot * s_rld_s + o_l[None, :] * s_rld_l + o_h[:, None] * s_rld_h, mask=m_jl, other=0.0).to(tl.float32)
     b_rdt = tl.load(p_ring_dt + slot * s_rdt_s + o_l[None, :] * s_rdt_l + o_h[:, None] * s_rdt_h, mask=m_jl, other=0.0).to(tl.float32)
-    # suffix[j, i] = sum_{m > i} l[j, m]: direct segment sums per head
+    # suffix[j, i] = sum_{m > i} l[j, m]: direct segment sums per head (no difference of cumulative sums)
     b_suffix = tl.sum(tl.where(o_l[None, None, :] > o_l[None, :, None], b_rld[:, None, :], 0.0), axis=2)
-    b_w = tl.where(m_jl, tl.exp(b_suffix + b_ld[:, None]) * b_rdt * b_bc[None, :], 0.0)
-    b_decay = tl.exp(tl.sum(b_rld, axis=1) + b_ld)
-    b_wx = b_dt * tl.sum(b_B_raw.to(tl.float32) * b_C, axis=0)
-    if HAS_D:
-        b_wx += tl.load(p_D + o_h, mask=m_j, other=0.0).to(tl.float32)
+    b_ring_total = tl.sum(b_rld, axis=1)
+    p_B_row = p_B + i_b64 * s_B_b + i_g64 * s_B_g
+    p_C_row = p_C + i_b64 * s_C_b + i_g64 * s_C_g
+    b_Bn = tl.load(p_B_row + o_t[:, None] * s_B_t + o_n[None, :] * s_B_n, mask=m_t[:, None] & m_n[None, :], other=0.0).to(tl.float32)
     p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
-    tl.store(p_w_rows[:, None] + o_l[None, :], b_w, mask=m_j[:, None] & (o_l[None, :] < L))
-    tl.store(p_w_rows + L, b_decay, mask=m_j)
-    tl.store(p_w_rows + L + 1, b_wx, mask=m_j)
-    # append
-    tl.store(p_ring_B + slot * s_rB_s + c_eff * s_rB_l + i_g64 * s_rB_g + o_n * s_rB_n, b_B_raw.to(p_ring_B.dtype.element_ty), mask=m_n)
-    tl.store(p_ring_dt + slot * s_rdt_s + c_eff * s_rdt_l + o_h * s_rdt_h, b_dt, mask=m_j)
-    tl.store(p_ring_ld + slot * s_rld_s + c_eff * s_rld_l + o_h * s_rld_h, b_ld, mask=m_j)
-    tl.store(p_pos + i_b, tl.where(flush, -1, c_eff).to(tl.int32), mask=i_g == 0)
+    for t in tl.static_range(T):
+        b_C_t = tl.load(p_C_row + t * s_C_t + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
+        b_bc_ring = tl.sum(b_rB * b_C_t[None, :], axis=1)  # (entries,)
+        b_bc_new = tl.sum(b_Bn * b_C_t[None, :], axis=1)  # (tokens,)
+        b_cum_t = tl.sum(tl.where(o_t[None, :] <= t, b_ld, 0.0), axis=1)  # (heads,)
+        # seg[j, s] = sum_{s < u <= t} l[j, u]
+        m_seg = (o_t[None, None, :] > o_t[None, :, None]) & (o_t[None, None, :] <= t)
+        b_seg = tl.sum(tl.where(m_seg, b_ld[:, None, :], 0.0), axis=2)
+        b_w_ring = tl.where(m_jl, tl.exp(b_suffix + b_cum_t[:, None]) * b_rdt * b_bc_ring[None, :], 0.0)
+        b_w_new = tl.where(m_jt & (o_t[None, :] <= t), tl.exp(b_seg) * b_dt * b_bc_new[None, :], 0.0)
+        if HAS_D:
+            b_w_new += tl.where(o_t[None, :] == t, b_D[:, None], 0.0)
+        b_decay_t = tl.exp(b_ring_total + b_cum_t)
+        p_w_t = p_w_rows + t * s_w_t
+        tl.store(p_w_t[:, None] + o_l[None, :], b_w_ring, mask=m_j[:, None] & (o_l[None, :] < L))
+        tl.store(p_w_t + L, b_decay_t, mask=m_j)
+        tl.store(p_w_t[:, None] + (L + 1) + o_t[None, :], b_w_new, mask=m_jt)
+    # Append: token t's B (per group), dt and dt*A (per head) at ring position c + t.
+    for t in tl.static_range(T):
+        pos_t = c_eff + t
+        b_B_raw = tl.load(p_B_row + t * s_B_t + o_n * s_B_n, mask=m_n, other=0.0)
+        tl.store(p_ring_B + slot * s_rB_s + pos_t * s_rB_l + i_g64 * s_rB_g + o_n * s_rB_n, b_B_raw.to(p_ring_B.dtype.element_ty), mask=m_n)
+        b_dt_t = tl.sum(tl.where(o_t[None, :] == t, b_dt, 0.0), axis=1)
+        b_ld_t = tl.sum(tl.where(o_t[None, :] == t, b_ld, 0.0), axis=1)
+        tl.store(p_ring_dt + slot * s_rdt_s + pos_t * s_rdt_l + o_h * s_rdt_h, b_dt_t, mask=m_j)
+        tl.store(p_ring_ld + slot * s_rld_s + pos_t * s_rld_l + o_h * s_rld_h, b_ld_t, mask=m_j)
+    if T == 1:
+        b_pos = tl.where(flush, -1, c_eff)
+    else:
+        b_pos = c_eff
+    tl.store(p_pos + i_b, b_pos.to(tl.int32), mask=i_g == 0)
 
 
 @triton.jit
 def _mamba2_main_kernel(
     p_x, p_C, p_z, p_y, p_ckpt, p_ring_x, p_cursor, p_pending, p_rows, p_w, p_pos,
-    s_x_b, s_x_h, s_x_p,
-    s_C_b, s_C_g, s_C_n,
-    s_z_b, s_z_h, s_z_p,
-    s_y_b, s_y_h, s_y_p,
+    s_x_b, s_x_t, s_x_h, s_x_p,
+    s_C_b, s_C_t, s_C_g, s_C_n,
+    s_z_b, s_z_t, s_z_h, s_z_p,
+    s_y_b, s_y_t, s_y_h, s_y_p,
     s_ck_s, s_ck_h, s_ck_p, s_ck_n,
     s_rx_s, s_rx_l, s_rx_h, s_rx_p,
-    s_w_b, s_w_h,
+    s_w_b, s_w_h, s_w_t,
     P, N, L, heads_per_group,
-    COMMIT: tl.constexpr, HAS_Z: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """Launch 3 of a T = 1 step, shaped like the conventional kernel: per state tile of a row that did
-    not fold, ``y = decay S C_t + sum_i w_i x_i + w_x x_t`` from one read of the tile and the ring's x
-    slice; writes y and the tile's x entry (every row), never the state; moves the cursor (once per row)."""
+    """Launch 3, shaped like the conventional kernel: per state tile, the T outputs
+    ``y_t = decay_t S C_t + sum_i w_ti x_i + sum_{s <= t} w'_ts x_s`` from one read of the tile, the
+    ring's x slice and the new x; writes the y and the tile's x entries, never the state; moves the
+    cursor (once per row). T = 1 rows that launch 1 folded only get their x entry."""
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_g = i_h // heads_per_group
     i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
     pos = tl.load(p_pos + i_b)
-    live = pos >= 0  # the row was not folded by launch 1 (which wrote its output)
+    live = pos >= 0  # False only for a T = 1 row folded by launch 1 (which wrote its output)
     c_eff = tl.maximum(pos, 0)
     first = (i_s == 0) & (i_h == 0)
     if COMMIT:
-        tl.store(p_cursor + slot, c_eff + 1, mask=first)
+        tl.store(p_cursor + slot, c_eff + T, mask=first)
         tl.store(p_pending + slot, 0, mask=first)
     else:
         tl.store(p_cursor + slot, c_eff, mask=first)
-        tl.store(p_pending + slot, 1, mask=first)
+        tl.store(p_pending + slot, T, mask=first)
     o_n = tl.arange(0, BLOCK_N)
     o_l = tl.arange(0, BLOCK_L)
+    o_t = tl.arange(0, BLOCK_T)
     m_n = o_n < N
     m_ring = o_l < c_eff
+    m_t = o_t < T
     p_w_row = p_w + i_b64 * s_w_b + i_h64 * s_w_h
-    b_w = tl.load(p_w_row + o_l, mask=m_ring, other=0.0)
-    b_decay = tl.load(p_w_row + L)
-    b_wx = tl.load(p_w_row + L + 1)
-    b_C = tl.load(p_C + i_b64 * s_C_b + i_g64 * s_C_g + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
+    p_C_row = p_C + i_b64 * s_C_b + i_g64 * s_C_g
+    p_x_row = p_x + i_b64 * s_x_b + i_h64 * s_x_h
+    if T == 1:  # hoisted: the decode step's only token
+        b_C = tl.load(p_C_row + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
+        b_w = tl.load(p_w_row + o_l, mask=m_ring, other=0.0)
+        b_decay = tl.load(p_w_row + L)
+        b_wx = tl.load(p_w_row + L + 1)
     p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
     p_ring_row_x = p_ring_x + slot * s_rx_s + i_h64 * s_rx_h
     for i_p in range(i_s, NUM_TILES, SPLIT):
@@ -236,191 +281,33 @@ def _mamba2_main_kernel(
         b_rx = tl.load(
             p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_ring[:, None] & m_p[None, :], other=0.0
         ).to(tl.float32)
-        b_x_raw = tl.load(p_x + i_b64 * s_x_b + i_h64 * s_x_h + o_p * s_x_p, mask=m_p, other=0.0)
-        b_y = b_decay * tl.sum(b_S * b_C[None, :], axis=1) + tl.sum(b_w[:, None] * b_rx, axis=0) + b_wx * b_x_raw.to(tl.float32)
-        if HAS_Z:
-            b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_out, other=0.0).to(tl.float32)
-            b_y = b_y * b_z * sigmoid(b_z)
-        tl.store(p_y + i_b64 * s_y_b + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_out)
-        tl.store(p_ring_row_x + c_eff * s_rx_l + o_p * s_rx_p, b_x_raw.to(p_ring_x.dtype.element_ty), mask=m_p)
-
-
-@triton.jit
-def _mamba2_verify_kernel(
-    p_x, p_dt, p_A, p_B, p_C, p_D, p_dt_bias, p_z, p_y,
-    p_ckpt, p_ring_x, p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows,
-    s_x_b, s_x_t, s_x_h, s_x_p,
-    s_dt_b, s_dt_t, s_dt_h,
-    s_B_b, s_B_t, s_B_g, s_B_n,
-    s_C_b, s_C_t, s_C_g, s_C_n,
-    s_z_b, s_z_t, s_z_h, s_z_p,
-    s_y_b, s_y_t, s_y_h, s_y_p,
-    s_ck_s, s_ck_h, s_ck_p, s_ck_n,
-    s_rx_s, s_rx_l, s_rx_h, s_rx_p,
-    s_rB_s, s_rB_l, s_rB_g, s_rB_n,
-    s_rdt_s, s_rdt_l, s_rdt_h,
-    s_rld_s, s_rld_l, s_rld_h,
-    P, N, L, heads_per_group,
-    T: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
-    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
-):  # fmt: skip
-    """T >= 2 tokens per row (verification): outputs from checkpoint + committed ring + causal terms.
-
-    A program owns a (row, head) state (or a ``1/split`` share of its tiles): per program, the
-    row's flush decision and the weights, as ``T x L`` (ring) and ``T x T`` (causal, among the new
-    tokens) matrices; per tile, the fold if the row flushes, then the T outputs.
-    """
-    i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_g = i_h // heads_per_group
-    slot = tl.load(p_rows + i_b).to(tl.int64)
-    i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
-    cur = tl.load(p_cursor + slot)
-    flush = cur + T > L
-    c_eff = tl.where(flush, 0, cur)
-
-    o_n = tl.arange(0, BLOCK_N)
-    o_l = tl.arange(0, BLOCK_L)
-    o_t = tl.arange(0, BLOCK_T)
-    m_n = o_n < N
-    m_t = o_t < T
-    m_hist = o_l < cur
-    m_ring = o_l < c_eff
-
-    p_ck_head = p_ckpt + slot * s_ck_s + i_h.to(tl.int64) * s_ck_h
-    o_p = i_s * BLOCK_P + tl.arange(0, BLOCK_P)
-    b_S_next = tl.load(
-        p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n,
-        mask=(o_p[:, None] < P) & (o_n[None, :] < N), other=0.0,
-    )
-
-    b_dt = tl.load(p_dt + i_b64 * s_dt_b + o_t * s_dt_t + i_h64 * s_dt_h, mask=m_t, other=0.0).to(tl.float32)
-    if HAS_DT_BIAS:
-        b_dt += tl.load(p_dt_bias + i_h).to(tl.float32)
-    if DT_SOFTPLUS:
-        b_dt = softplus(b_dt)
-    b_dt = tl.where(m_t, b_dt, 0.0)
-    b_A = tl.load(p_A + i_h).to(tl.float32)
-    b_ld = b_dt * b_A
-    # cum[t] = sum_{u <= t} l_u; seg[t, s] = sum_{s < u <= t} l_u (direct sums)
-    b_cum = tl.sum(tl.where(o_t[None, :] <= o_t[:, None], b_ld[None, :], 0.0), axis=1)
-    m_seg = (o_t[None, None, :] > o_t[None, :, None]) & (o_t[None, None, :] <= o_t[:, None, None])
-    b_seg_new = tl.sum(tl.where(m_seg, b_ld[None, None, :], 0.0), axis=2)
-
-    p_ring_row_ld = p_ring_ld + slot * s_rld_s + i_h64 * s_rld_h
-    p_ring_row_dt = p_ring_dt + slot * s_rdt_s + i_h64 * s_rdt_h
-    b_rld = tl.load(p_ring_row_ld + o_l * s_rld_l, mask=m_hist, other=0.0).to(tl.float32)
-    b_rdt = tl.load(p_ring_row_dt + o_l * s_rdt_l, mask=m_hist, other=0.0).to(tl.float32)
-    p_ring_row_B = p_ring_B + slot * s_rB_s + i_g64 * s_rB_g
-    b_rB = tl.load(
-        p_ring_row_B + o_l[:, None] * s_rB_l + o_n[None, :] * s_rB_n, mask=m_hist[:, None] & m_n[None, :], other=0.0
-    ).to(tl.float32)
-    b_suffix = suffix_sums(b_rld, o_l)
-    b_wf = tl.where(m_hist, tl.exp(b_suffix) * b_rdt, 0.0)
-    b_decay_f = tl.exp(tl.sum(b_rld, axis=0))
-    p_B_row = p_B + i_b64 * s_B_b + i_g64 * s_B_g
-    p_C_row = p_C + i_b64 * s_C_b + i_g64 * s_C_g
-    b_Bn = tl.load(p_B_row + o_t[:, None] * s_B_t + o_n[None, :] * s_B_n, mask=m_t[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-    # B.C products, once per program: ring entries x tokens, and tokens x tokens.
-    b_wr = tl.zeros((BLOCK_T, BLOCK_L), dtype=tl.float32)
-    b_wn = tl.zeros((BLOCK_T, BLOCK_T), dtype=tl.float32)
-    for t in tl.static_range(T):
-        b_C_t = tl.load(p_C_row + t * s_C_t + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
-        b_wr = tl.where(o_t[:, None] == t, tl.sum(b_rB * b_C_t[None, :], axis=1)[None, :], b_wr)
-        b_wn = tl.where(o_t[:, None] == t, tl.sum(b_Bn * b_C_t[None, :], axis=1)[None, :], b_wn)
-    b_wr = tl.where(m_t[:, None] & m_ring[None, :], tl.exp(b_suffix[None, :] + b_cum[:, None]) * b_rdt[None, :] * b_wr, 0.0)
-    m_causal = (o_t[None, :] <= o_t[:, None]) & m_t[:, None]
-    b_wn = tl.where(m_causal, tl.exp(b_seg_new) * b_dt[None, :] * b_wn, 0.0)
-    b_decay = tl.exp(tl.where(flush, 0.0, tl.sum(b_rld, axis=0)) + b_cum)
-    if HAS_D:
-        b_D = tl.load(p_D + i_h).to(tl.float32)
-
-    p_ring_row_x = p_ring_x + slot * s_rx_s + i_h64 * s_rx_h
-    p_x_row = p_x + i_b64 * s_x_b + i_h64 * s_x_h
-    for i_p in range(i_s, NUM_TILES, SPLIT):
-        o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-        m_p = o_p < P
-        m_tile = m_p[:, None] & m_n[None, :]
-        p_tile = p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n
-        b_S = b_S_next.to(tl.float32)
-        o_p_next = (i_p + SPLIT) * BLOCK_P + tl.arange(0, BLOCK_P)
-        b_S_next = tl.load(
-            p_ck_head + o_p_next[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n,
-            mask=(o_p_next[:, None] < P) & m_n[None, :], other=0.0,
-        )
-        b_rx = tl.load(
-            p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_hist[:, None] & m_p[None, :], other=0.0
-        ).to(tl.float32)
-        if flush:
-            # Fold the ring in one rank-L update in fp32; the outputs use the stored tile.
-            b_S = fold_store_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB, p_tile, m_tile)
-        b_xn = tl.load(p_x_row + o_t[:, None] * s_x_t + o_p[None, :] * s_x_p, mask=m_t[:, None] & m_p[None, :], other=0.0).to(tl.float32)
-        for t in tl.static_range(T):
-            b_C_t = tl.load(p_C_row + t * s_C_t + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
-            b_wr_t = tl.sum(tl.where(o_t[:, None] == t, b_wr, 0.0), axis=0)
-            b_wn_t = tl.sum(tl.where(o_t[:, None] == t, b_wn, 0.0), axis=0)
-            b_decay_t = tl.sum(tl.where(o_t == t, b_decay, 0.0), axis=0)
-            b_y = b_decay_t * tl.sum(b_S * b_C_t[None, :], axis=1)
-            b_y += tl.sum(b_wr_t[:, None] * b_rx, axis=0) + tl.sum(b_wn_t[:, None] * b_xn, axis=0)
-            b_x_raw = tl.load(p_x_row + t * s_x_t + o_p * s_x_p, mask=m_p, other=0.0)
-            if HAS_D:
-                b_y += b_D * b_x_raw.to(tl.float32)
+        if T == 1:
+            b_x_raw = tl.load(p_x_row + o_p * s_x_p, mask=m_p, other=0.0)
+            b_y = b_decay * tl.sum(b_S * b_C[None, :], axis=1) + tl.sum(b_w[:, None] * b_rx, axis=0) + b_wx * b_x_raw.to(tl.float32)
             if HAS_Z:
-                b_z = tl.load(p_z + i_b64 * s_z_b + t * s_z_t + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
+                b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_out, other=0.0).to(tl.float32)
                 b_y = b_y * b_z * sigmoid(b_z)
-            tl.store(p_y + i_b64 * s_y_b + t * s_y_t + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
-            tl.store(p_ring_row_x + (c_eff + t) * s_rx_l + o_p * s_rx_p, b_x_raw.to(p_ring_x.dtype.element_ty), mask=m_p)
-
-
-@triton.jit
-def _mamba2_append_kernel(
-    p_dt, p_A, p_B, p_dt_bias,
-    p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_pending, p_rows,
-    s_dt_b, s_dt_t, s_dt_h,
-    s_B_b, s_B_t, s_B_g, s_B_n,
-    s_rB_s, s_rB_l, s_rB_g, s_rB_n,
-    s_rdt_s, s_rdt_l, s_rdt_h,
-    s_rld_s, s_rld_l, s_rld_h,
-    T, L, H, G, N,
-    COMMIT: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_GN: tl.constexpr,
-):  # fmt: skip
-    """Per row: write B, dt and dt*A of the T tokens at ring positions c..c+T-1; move the cursor."""
-    i_b = tl.program_id(0)
-    i_b64 = i_b.to(tl.int64)
-    slot = tl.load(p_rows + i_b).to(tl.int64)
-    cur = tl.load(p_cursor + slot)
-    c_eff = tl.where(cur + T > L, 0, cur)
-    o_h = tl.arange(0, BLOCK_H)
-    m_h = o_h < H
-    o_gn = tl.arange(0, BLOCK_GN)
-    m_gn = o_gn < G * N
-    o_g, o_n = o_gn // N, o_gn % N
-    b_A = tl.load(p_A + o_h, mask=m_h, other=0.0).to(tl.float32)
-    if HAS_DT_BIAS:
-        b_bias = tl.load(p_dt_bias + o_h, mask=m_h, other=0.0).to(tl.float32)
-    for t in range(0, T):
-        pos = (c_eff + t).to(tl.int64)
-        b_dt = tl.load(p_dt + i_b64 * s_dt_b + t * s_dt_t + o_h * s_dt_h, mask=m_h, other=0.0).to(tl.float32)
-        if HAS_DT_BIAS:
-            b_dt += b_bias
-        if DT_SOFTPLUS:
-            b_dt = softplus(b_dt)
-        tl.store(p_ring_dt + slot * s_rdt_s + pos * s_rdt_l + o_h * s_rdt_h, b_dt, mask=m_h)
-        tl.store(p_ring_ld + slot * s_rld_s + pos * s_rld_l + o_h * s_rld_h, b_dt * b_A, mask=m_h)
-        b_B = tl.load(p_B + i_b64 * s_B_b + t * s_B_t + o_g * s_B_g + o_n * s_B_n, mask=m_gn, other=0.0)
-        tl.store(
-            p_ring_B + slot * s_rB_s + pos * s_rB_l + o_g * s_rB_g + o_n * s_rB_n,
-            b_B.to(p_ring_B.dtype.element_ty),
-            mask=m_gn,
-        )
-    if COMMIT:
-        tl.store(p_cursor + slot, (c_eff + T).to(tl.int32))
-        tl.store(p_pending + slot, 0)
-    else:
-        tl.store(p_cursor + slot, c_eff.to(tl.int32))
-        tl.store(p_pending + slot, T)
+            tl.store(p_y + i_b64 * s_y_b + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_out)
+            tl.store(p_ring_row_x + c_eff * s_rx_l + o_p * s_rx_p, b_x_raw.to(p_ring_x.dtype.element_ty), mask=m_p)
+        else:
+            b_xn = tl.load(p_x_row + o_t[:, None] * s_x_t + o_p[None, :] * s_x_p, mask=m_t[:, None] & m_p[None, :], other=0.0)
+            b_xn_f = b_xn.to(tl.float32)
+            for t in tl.static_range(T):
+                p_w_t = p_w_row + t * s_w_t
+                b_C_t = tl.load(p_C_row + t * s_C_t + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
+                b_w_t = tl.load(p_w_t + o_l, mask=m_ring, other=0.0)
+                b_wn_t = tl.load(p_w_t + (L + 1) + o_t, mask=o_t <= t, other=0.0)
+                b_y = tl.load(p_w_t + L) * tl.sum(b_S * b_C_t[None, :], axis=1)
+                b_y += tl.sum(b_w_t[:, None] * b_rx, axis=0) + tl.sum(b_wn_t[:, None] * b_xn_f, axis=0)
+                if HAS_Z:
+                    b_z = tl.load(p_z + i_b64 * s_z_b + t * s_z_t + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
+                    b_y = b_y * b_z * sigmoid(b_z)
+                tl.store(p_y + i_b64 * s_y_b + t * s_y_t + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
+            # The new x entries at ring positions c .. c + T - 1 (a (T, tile) block).
+            tl.store(
+                p_ring_row_x + (c_eff + o_t[:, None]) * s_rx_l + o_p[None, :] * s_rx_p,
+                b_xn.to(p_ring_x.dtype.element_ty), mask=m_t[:, None] & m_p[None, :],
+            )
 
 
 @triton.jit
@@ -507,58 +394,21 @@ def mamba2_step_out(
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``y``; see ``replayssm.ops.mamba2_step``.
 
-    T = 1 (decoding): ``_mamba2_flush_kernel``, ``_mamba2_weights_kernel``, ``_mamba2_main_kernel``
-    (``config`` is the main kernel's, ``flush_config`` the flush kernel's). T > 1 (verification):
-    ``_mamba2_verify_kernel`` (``config``) then ``_mamba2_append_kernel``.
+    Three launches for any T: ``_mamba2_flush_kernel`` (``flush_config``), ``_mamba2_weights_kernel``,
+    ``_mamba2_main_kernel`` (``config``; default from the replay table for T = 1, the verify table
+    for T > 1).
     """
     batch, num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[2], B.shape[3]
     window = ring_x.shape[1]
-    block_n, block_l = next_pow2(state_size), max(next_pow2(window), 16)
-    if num_tokens > 1:
-        cfg = config or mamba2_verify_config(head_dim, state_size)
-        num_tiles, split = _tiles(head_dim, cfg)
-        with device_context(x):
-            _mamba2_verify_kernel[(split, heads, batch)](
-                p_x=x, p_dt=dt, p_A=A, p_B=B, p_C=C, p_D=D, p_dt_bias=dt_bias, p_z=z, p_y=y,
-                p_ckpt=checkpoint, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay,
-                p_cursor=cursor, p_rows=rows,
-                **dict(zip(("s_x_b", "s_x_t", "s_x_h", "s_x_p"), x.stride())),
-                **dict(zip(("s_dt_b", "s_dt_t", "s_dt_h"), dt.stride())),
-                **dict(zip(("s_B_b", "s_B_t", "s_B_g", "s_B_n"), B.stride())),
-                **dict(zip(("s_C_b", "s_C_t", "s_C_g", "s_C_n"), C.stride())),
-                **dict(zip(("s_z_b", "s_z_t", "s_z_h", "s_z_p"), _strides(z, 4))),
-                **dict(zip(("s_y_b", "s_y_t", "s_y_h", "s_y_p"), y.stride())),
-                **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
-                **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
-                **dict(zip(("s_rB_s", "s_rB_l", "s_rB_g", "s_rB_n"), ring_B.stride())),
-                **dict(zip(("s_rdt_s", "s_rdt_l", "s_rdt_h"), ring_dt.stride())),
-                **dict(zip(("s_rld_s", "s_rld_l", "s_rld_h"), ring_logdecay.stride())),
-                P=head_dim, N=state_size, L=window, heads_per_group=heads // groups, T=num_tokens,
-                HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
-                BLOCK_P=cfg.block, BLOCK_N=block_n, BLOCK_L=block_l,
-                BLOCK_T=max(next_pow2(num_tokens), 2), NUM_TILES=num_tiles, SPLIT=split,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )  # fmt: skip
-            _mamba2_append(dt, A, B, dt_bias, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus)
-        return
+    heads_per_group = heads // groups
+    block_n, block_l, block_t = next_pow2(state_size), max(next_pow2(window), 16), next_pow2(num_tokens)
+    # Per-call scratch (like the output): the main launch's per-(row, head, token) weights and each row's ring position.
+    weights = torch.empty(batch, heads, num_tokens, window + 1 + num_tokens, dtype=torch.float32, device=x.device)
+    pos = torch.empty(batch, dtype=torch.int32, device=x.device)
     x1, dt1, B1, C1, y1 = x[:, 0], dt[:, 0], B[:, 0], C[:, 0], y[:, 0]
     z1 = z[:, 0] if z is not None else None
-    heads_per_group = heads // groups
-    # Per-call scratch (like the output): the main launch's per-(row, head) scalars and each row's ring position.
-    weights = torch.empty(batch, heads, window + 2, dtype=torch.float32, device=x.device)
-    pos = torch.empty(batch, dtype=torch.int32, device=x.device)
-    token_strides = dict(
-        s_x_b=x1.stride(0), s_x_h=x1.stride(1), s_x_p=x1.stride(2),
-        s_C_b=C1.stride(0), s_C_g=C1.stride(1), s_C_n=C1.stride(2),
-        **dict(zip(("s_z_b", "s_z_h", "s_z_p"), _strides(z1, 3))),
-        s_y_b=y1.stride(0), s_y_h=y1.stride(1), s_y_p=y1.stride(2),
-        **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
-        **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
-    )  # fmt: skip
     ring_strides = dict(
-        s_dt_b=dt1.stride(0), s_dt_h=dt1.stride(1),
-        s_B_b=B1.stride(0), s_B_g=B1.stride(1), s_B_n=B1.stride(2),
         **dict(zip(("s_rB_s", "s_rB_l", "s_rB_g", "s_rB_n"), ring_B.stride())),
         **dict(zip(("s_rdt_s", "s_rdt_l", "s_rdt_h"), ring_dt.stride())),
         **dict(zip(("s_rld_s", "s_rld_l", "s_rld_h"), ring_logdecay.stride())),
@@ -570,50 +420,51 @@ def mamba2_step_out(
         _mamba2_flush_kernel[(split, heads, batch)](
             p_x=x1, p_dt=dt1, p_A=A, p_B=B1, p_C=C1, p_D=D, p_dt_bias=dt_bias, p_z=z1, p_y=y1,
             p_ckpt=checkpoint, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay,
-            p_cursor=cursor, p_rows=rows, **token_strides, **ring_strides,
-            P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, HAS_Z=z is not None, **flags,
+            p_cursor=cursor, p_rows=rows,
+            s_x_b=x1.stride(0), s_x_h=x1.stride(1), s_x_p=x1.stride(2),
+            s_dt_b=dt1.stride(0), s_dt_h=dt1.stride(1),
+            s_B_b=B1.stride(0), s_B_g=B1.stride(1), s_B_n=B1.stride(2),
+            s_C_b=C1.stride(0), s_C_g=C1.stride(1), s_C_n=C1.stride(2),
+            **dict(zip(("s_z_b", "s_z_h", "s_z_p"), _strides(z1, 3))),
+            s_y_b=y1.stride(0), s_y_h=y1.stride(1), s_y_p=y1.stride(2),
+            **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
+            **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
+            **ring_strides,
+            P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, HAS_Z=z is not None, **flags,
             BLOCK_P=fcfg.block, BLOCK_N=block_n, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
             num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
         )  # fmt: skip
         _mamba2_weights_kernel[(groups, batch)](
-            p_dt=dt1, p_A=A, p_B=B1, p_C=C1, p_D=D, p_dt_bias=dt_bias,
+            p_dt=dt, p_A=A, p_B=B, p_C=C, p_D=D, p_dt_bias=dt_bias,
             p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay, p_cursor=cursor, p_rows=rows,
-            p_w=weights, p_pos=pos, **ring_strides,
-            s_C_b=C1.stride(0), s_C_g=C1.stride(1), s_C_n=C1.stride(2),
-            s_w_b=weights.stride(0), s_w_h=weights.stride(1),
-            N=state_size, L=window, heads_per_group=heads_per_group, **flags,
-            BLOCK_J=next_pow2(heads_per_group), BLOCK_N=block_n, BLOCK_L=block_l,
+            p_w=weights, p_pos=pos,
+            **dict(zip(("s_dt_b", "s_dt_t", "s_dt_h"), dt.stride())),
+            **dict(zip(("s_B_b", "s_B_t", "s_B_g", "s_B_n"), B.stride())),
+            **dict(zip(("s_C_b", "s_C_t", "s_C_g", "s_C_n"), C.stride())),
+            **ring_strides,
+            **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
+            N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, **flags,
+            BLOCK_J=next_pow2(heads_per_group), BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t,
             num_warps=4,
         )  # fmt: skip
-        cfg = config or mamba2_replay_config(head_dim, state_size)
-        num_tiles, split = _tiles(head_dim, cfg)
+        if config is None:
+            config = mamba2_replay_config(head_dim, state_size) if num_tokens == 1 else mamba2_verify_config(head_dim, state_size)
+        num_tiles, split = _tiles(head_dim, config)
         _mamba2_main_kernel[(split, heads, batch)](
-            p_x=x1, p_C=C1, p_z=z1, p_y=y1, p_ckpt=checkpoint, p_ring_x=ring_x,
-            p_cursor=cursor, p_pending=pending, p_rows=rows, p_w=weights, p_pos=pos, **token_strides,
-            s_w_b=weights.stride(0), s_w_h=weights.stride(1),
+            p_x=x, p_C=C, p_z=z, p_y=y, p_ckpt=checkpoint, p_ring_x=ring_x,
+            p_cursor=cursor, p_pending=pending, p_rows=rows, p_w=weights, p_pos=pos,
+            **dict(zip(("s_x_b", "s_x_t", "s_x_h", "s_x_p"), x.stride())),
+            **dict(zip(("s_C_b", "s_C_t", "s_C_g", "s_C_n"), C.stride())),
+            **dict(zip(("s_z_b", "s_z_t", "s_z_h", "s_z_p"), _strides(z, 4))),
+            **dict(zip(("s_y_b", "s_y_t", "s_y_h", "s_y_p"), y.stride())),
+            **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
+            **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
+            **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
             P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group,
-            COMMIT=commit, HAS_Z=z is not None,
-            BLOCK_P=cfg.block, BLOCK_N=block_n, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            T=num_tokens, COMMIT=commit, HAS_Z=z is not None,
+            BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
+            num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
-
-
-def _mamba2_append(dt, A, B, dt_bias, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus) -> None:
-    batch, num_tokens, heads = dt.shape
-    groups, state_size = B.shape[2], B.shape[3]
-    _mamba2_append_kernel[(batch,)](
-        p_dt=dt, p_A=A, p_B=B, p_dt_bias=dt_bias,
-        p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay, p_cursor=cursor, p_pending=pending, p_rows=rows,
-        **dict(zip(("s_dt_b", "s_dt_t", "s_dt_h"), dt.stride())),
-        **dict(zip(("s_B_b", "s_B_t", "s_B_g", "s_B_n"), B.stride())),
-        **dict(zip(("s_rB_s", "s_rB_l", "s_rB_g", "s_rB_n"), ring_B.stride())),
-        **dict(zip(("s_rdt_s", "s_rdt_l", "s_rdt_h"), ring_dt.stride())),
-        **dict(zip(("s_rld_s", "s_rld_l", "s_rld_h"), ring_logdecay.stride())),
-        T=num_tokens, L=ring_B.shape[1], H=heads, G=groups, N=state_size,
-        COMMIT=commit, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
-        BLOCK_H=next_pow2(heads), BLOCK_GN=next_pow2(groups * state_size),
-        num_warps=4,
-    )  # fmt: skip
 
 
 def mamba2_step(
