@@ -48,6 +48,10 @@ Decode is timed as ``--steps`` single-token forwards after a prefill of
   step time. Patched modes on CUDA only; None for ``transformers`` (its kernels
   cannot be told apart by name), on the CPU, and when the profiler fails or
   records no kernel;
+* ``kernel_ms_per_step``: the sum of all CUDA kernel durations of those
+  profiled steps / their number: the GPU's busy time per step. Next to
+  ``ms_per_step`` it says how much of a step is kernels and how much is host
+  work and launch gaps;
 * ``wall_seconds``: how long the mode took, compilation and profiling included;
 * ``errors``: a mode that raises (an out-of-memory at batch 256, say) is
   recorded with NaN tokens/s and ms, its error (type and first line), and the
@@ -176,11 +180,16 @@ def time_decode(
     gen = torch.Generator(device="cpu").manual_seed(batch)
     ids = torch.randint(3, vocab, (batch, prompt + steps + 1), generator=gen).to(device)
 
+    # Captured: one static cache for every repeat, reset in place (what a serving loop holds): a new cache
+    # would move the tensors the CUDA graphs read, and each repeat would time a re-recording.
+    static_cache = StaticCache(config=text_config, max_cache_len=prompt + steps) if compile_kwargs is not None else None
+
     def prefill():
-        if compile_kwargs is None:
+        if static_cache is None:
             cache = testing.new_cache(model)
         else:
-            cache = StaticCache(config=text_config, max_cache_len=prompt + steps)
+            cache = static_cache
+            cache.reset()
         model(input_ids=ids[:, :prompt], **{kw: cache}, use_cache=True, logits_to_keep=1)
         _sync(device)
         return cache
@@ -199,14 +208,17 @@ def time_decode(
                 start = time.perf_counter()
                 decode(cache, steps)
                 times.append(time.perf_counter() - start)
-            share = None
+            share = kernel_ms = None
             if profile_steps:  # after the timing, from a fresh prefill: the profiler never runs during a timed step
                 cache = prefill()
-                share = profiled_state_op_share(lambda: decode(cache, profile_steps))
+                kernels = profiled_kernels(lambda: decode(cache, profile_steps))
+                share = state_op_share(kernels)
+                if kernels:
+                    kernel_ms = sum(duration for _, duration in kernels) / 1000 / profile_steps
         finally:
             if compile_kwargs is not None:
                 replayssm.ops.set_value_checks(previous_checks)
-    return statistics.median(times[1:]) / steps, share
+    return statistics.median(times[1:]) / steps, share, kernel_ms
 
 
 #: replayssm's Triton kernels (``_mamba2_main_kernel``, ``_gdn_replay_kernel``, ``_commit_kernel``, ...):
@@ -222,8 +234,8 @@ def state_op_share(kernels: list[tuple[str, float]]) -> float | None:
     return sum(duration for name, duration in kernels if STATE_OP_KERNEL.search(name)) / total
 
 
-def profiled_state_op_share(run) -> float | None:
-    """:func:`state_op_share` of the CUDA kernels ``run()`` launches, under ``torch.profiler``; None (and a line saying why) when it cannot tell."""
+def profiled_kernels(run) -> list[tuple[str, float]]:
+    """(name, microseconds) of the CUDA kernels ``run()`` launches, under ``torch.profiler``; empty (and a line saying why) when it cannot tell."""
     from torch.profiler import ProfilerActivity, profile
 
     try:
@@ -236,12 +248,11 @@ def profiled_state_op_share(run) -> float | None:
             events = json.loads(trace.read_text())["traceEvents"]
         kernels = [(event["name"], event["dur"]) for event in events if str(event.get("cat")).lower() == "kernel"]
     except Exception as err:  # the share is a side figure: a profiler problem must not cost the mode's timing
-        print(f"state-op share not measured: {_error_line(err)}", flush=True)
-        return None
-    share = state_op_share(kernels)
-    if share is None:
-        print("state-op share not measured: the profiler recorded no CUDA kernel", flush=True)
-    return share
+        print(f"kernel times not measured: {_error_line(err)}", flush=True)
+        return []
+    if not kernels:
+        print("kernel times not measured: the profiler recorded no CUDA kernel", flush=True)
+    return kernels
 
 
 def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: torch.device, lookup: int | None) -> tuple[float, torch.Tensor]:
@@ -284,7 +295,7 @@ def measure_mode(
         torch.cuda.reset_peak_memory_stats(device)
     profiled = step != "transformers" and device.type == "cuda"  # stock kernels have no names to attribute
     try:
-        seconds_per_step, share = time_decode(
+        seconds_per_step, share, kernel_ms = time_decode(
             model, batch, prompt, steps, repeats, device, compile_kwargs if captured else None, profile_steps if profiled else 0
         )
     finally:
@@ -295,13 +306,14 @@ def measure_mode(
         "ms_per_step": 1000 * seconds_per_step,
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "state_op_share": share,
+        "kernel_ms_per_step": kernel_ms,
     }
 
 
 #: the per-mode figures of a row, as measure_mode returns them
-FIGURES = ("tokens_per_s", "ms_per_step", "peak_memory_gib", "state_op_share")
+FIGURES = ("tokens_per_s", "ms_per_step", "peak_memory_gib", "state_op_share", "kernel_ms_per_step")
 #: the figures of a mode that raised
-FAILED = dict(zip(FIGURES, (float("nan"), float("nan"), None, None)))
+FAILED = dict(zip(FIGURES, (float("nan"), float("nan"), None, None, None)))
 
 
 def _error_line(err: BaseException) -> str:
@@ -317,7 +329,8 @@ def format_mode(figures: dict) -> str:
     """One mode's figures on one line (the progress lines)."""
     return (
         f"{_cell(figures['tokens_per_s'], '{:.1f}')} tok/s, {_cell(figures['ms_per_step'], '{:.3f}')} ms/step, "
-        f"peak {_cell(figures['peak_memory_gib'], '{:.2f}')} GiB, state ops {_cell(figures['state_op_share'], '{:.1%}')} of kernel time"
+        f"peak {_cell(figures['peak_memory_gib'], '{:.2f}')} GiB, state ops {_cell(figures['state_op_share'], '{:.1%}')} of kernel time, "
+        f"kernels {_cell(figures['kernel_ms_per_step'], '{:.3f}')} ms/step"
     )
 
 
@@ -335,6 +348,7 @@ def format_table(rows: list[dict]) -> str:
         + [f"{m} {unit}" for m in modes for unit in ("tok/s", "ms")]
         + [f"{m} GiB" for m in modes]
         + [f"{m} state-op share" for m in share_modes]
+        + [f"{m} kernel ms" for m in share_modes]
         + [f"{a}/{b}" for a, b in ratios]
     )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -345,6 +359,7 @@ def format_table(rows: list[dict]) -> str:
             cells += [_cell(t[m], "{:.1f}", "failed"), _cell(r["ms_per_step"][m], "{:.3f}", "failed")]
         cells += [_cell(r["peak_memory_gib"][m], "{:.2f}") for m in modes]
         cells += [_cell(r["state_op_share"][m], "{:.1%}") for m in share_modes]
+        cells += [_cell(r["kernel_ms_per_step"][m], "{:.3f}") for m in share_modes]
         cells += [_cell(t[a] / t[b], "{:.2f}x") for a, b in ratios]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

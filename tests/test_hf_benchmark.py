@@ -28,13 +28,14 @@ def test_generate_benchmark_smoke(bench, tmp_path, capsys):
     [row] = result["decode"]
     assert row["batch"] == 2
     assert row["errors"] == {}
-    for figure in ("tokens_per_s", "ms_per_step", "peak_memory_gib", "state_op_share", "wall_seconds"):
+    for figure in ("tokens_per_s", "ms_per_step", "peak_memory_gib", "state_op_share", "kernel_ms_per_step", "wall_seconds"):
         assert set(row[figure]) == modes, figure
     for mode in modes:
         assert row["ms_per_step"][mode] > 0
         assert row["ms_per_step"][mode] == pytest.approx(1000 * 2 / row["tokens_per_s"][mode], rel=1e-9)
         assert row["peak_memory_gib"][mode] is None  # CPU
         assert row["state_op_share"][mode] is None  # not profiled on the CPU
+        assert row["kernel_ms_per_step"][mode] is None
         assert row["wall_seconds"][mode] > 0
     assert [a for a in result["assisted"] if "identical_to_greedy" in a][0]["identical_to_greedy"]
     out = capsys.readouterr().out
