@@ -167,9 +167,11 @@ def test_replay_checkpoint_tracks_float64_recurrence(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_verify_commit_tracks_float64_recurrence(device):
-    """T = 2..4 draft tokens per step, random accepted counts: outputs and materialize() vs the float64
-    recurrence over accepted tokens only; ring, checkpoint and cursors vs the reference, across flushes."""
-    batch, key_heads, value_heads, key_dim, value_dim, window = 3, 1, 2, 32, 16, 6
+    """T = 2..4 tokens per launch, two value heads per key head, each row with its own number of real
+    drafts (1..T; the rest is padding, never accepted), random accepted counts: outputs and
+    materialize() vs the float64 recurrence over accepted tokens only; ring, checkpoint and cursors vs
+    the reference, across flushes."""
+    batch, key_heads, value_heads, key_dim, value_dim, window = 3, 2, 4, 32, 16, 6
     gen = _gen()
     rows = torch.tensor([2, 0, 1], device=device)
     ours = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, device, gen)
@@ -187,7 +189,9 @@ def test_verify_commit_tracks_float64_recurrence(device):
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o)
         assert rel_err(o, o_ref) < 1e-5
-        accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
+        assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])  # T entries pending
+        drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
+        accepted = (torch.rand(batch, generator=gen) * (drafts + 1)).long().clamp(max=drafts).to(device)
         for state in (ours, theirs):
             ref.commit(state[4], state[5], rows, accepted)
         for name, a, b in zip(("checkpoint", "ring_k", "ring_d", "ring_g"), ours[:4], theirs[:4]):
@@ -196,14 +200,69 @@ def test_verify_commit_tracks_float64_recurrence(device):
         for b in range(batch):
             r = int(rows[b])
             s = naive.state[r]
-            for t in range(T):
+            for t in range(int(drafts[b])):
                 o_t, s = naive.token(r, q[b, t].cpu(), k[b, t].cpu(), v[b, t].cpu(), g[b, t].cpu(), beta[b, t].cpu(), l2norm=True, state=s)
                 assert rel_err(o[b, t].cpu(), o_t) < 1e-5
                 if t + 1 == int(accepted[b]):
                     naive.state[r] = s
         state_now = ref.gdn_materialize(*ours[:5], rows)
         assert rel_err(state_now.cpu(), naive.state[rows.cpu()]) < 1e-5
-    assert flushes >= 4
+    assert flushes >= 6
+
+
+VERIFY_VARIANTS = [
+    pytest.param(LaunchConfig(16, 2, 4), LaunchConfig(16, 1, 4), id="block16-split2-loop"),
+    pytest.param(LaunchConfig(32, 1, 8), LaunchConfig(32, 2, 4), id="block32-split1"),
+    pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 3, 2), id="block8-split6"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config, flush_config", VERIFY_VARIANTS)
+def test_verify_launch_variants(config, flush_config, device):
+    """Launch variants of the verification main and fold launches (tile height, tiles per program), T = 2 and 3."""
+    batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 32, 48, 4
+    gen = _gen()
+    rows = torch.tensor([1, 0], device=device)
+    ours = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, device, gen)
+    theirs = [t.clone() for t in ours]
+    for step in range(2 * window):
+        T = 2 + step % 2
+        q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
+        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
+        o = torch.full_like(v, float("nan"))
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config, flush_config=flush_config)
+        assert rel_err(o, o_ref) < 1e-5
+        for a, b in zip(ours, theirs):
+            assert rel_err(a, b) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "ckpt_dtype, l2norm, tol", [(torch.float32, True, 1e-5), (torch.float16, False, 2e-3)], ids=["ck_fp32", "ck_fp16-no_l2norm"]
+)
+def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, device):
+    """T = 5..8 with a window of 8 (T = L folds every row that holds an entry), explicit scale,
+    random accepted counts; a checkpoint in a narrower dtype: outputs from the checkpoint as stored."""
+    batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 8
+    gen = _gen()
+    rows = torch.tensor([0, 1], device=device)
+    ours = _state(batch, key_heads, value_heads, key_dim, value_dim, window, ckpt_dtype, device, gen)
+    theirs = [t.clone() for t in ours]
+    for step in range(4):
+        T = 5 + step
+        q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, l2norm, num_tokens=T)
+        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, l2norm, 0.2)
+        o = torch.full_like(v, float("nan"))
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, l2norm, 0.2, o=o)
+        assert rel_err(o, o_ref) < tol
+        assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
+        accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
+        for state in (ours, theirs):
+            ref.commit(state[4], state[5], rows, accepted)
+        for name, a, b in zip(("checkpoint", "ring_k", "ring_d", "ring_g"), ours[:4], theirs[:4]):
+            assert rel_err(a, b) < tol, name
+        assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,8 +8,10 @@ per program). Mamba-2 kernels: the replay T = 1 main launch
 (``mamba2_replay_config``), its flush launch (``mamba2_flush_config``, block
 >= 16: the fold is a ``tl.dot``), the verification kernel (T > 1,
 ``mamba2_verify_config``, block >= 16) and the conventional one; the replay
-weights launch has a fixed shape. GDN: one replay kernel for T = 1 and T > 1
-(``gdn_replay_config``, block >= 16) and the conventional one.
+weights launch has a fixed shape. GDN: the replay kernel for T = 1
+(``gdn_replay_config``, block >= 16), the verification (T > 1) main launch
+(``gdn_verify_config``) and its fold launch (``gdn_flush_config``, block >= 16),
+and the conventional one; the verification weights launch has a fixed shape.
 
 The figures behind these choices are in docs/kernels.md (tuning log); the
 benchmark's ``--sweep`` mode times alternatives. A shape missing from a table
@@ -52,9 +54,18 @@ _MAMBA2_CONVENTIONAL = {
     (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
     (64, 128): LaunchConfig(block=8, split=8, num_warps=1),
 }
-# GDN replay (T = 1 and T > 1): one program per (row, value head) walking its tiles, fold in the same
-# kernel (block >= 16). The three-launch form of Mamba-2 was slower for GDN as configured (tuning log, run 5).
+# GDN replay T = 1: one program per (row, value head) walking its tiles, fold in the same kernel
+# (block >= 16). The three-launch form was slower for GDN decoding as configured (tuning log, run 5).
 _GDN_REPLAY = {
+    (128, 128): LaunchConfig(block=32, split=1, num_warps=4),
+}
+# GDN verification (T > 1) main launch: shaped like the conventional kernel (one tile per program).
+# Untimed; candidates: block 32 / 8 warps (the conventional kernel's), 16 / 4, 8 / 1, 8 / 2.
+_GDN_VERIFY = {
+    (128, 128): LaunchConfig(block=32, split=4, num_warps=8),
+}
+# GDN verification fold launch (only rows whose ring cannot take T more entries work; tl.dot: block >= 16).
+_GDN_FLUSH = {
     (128, 128): LaunchConfig(block=32, split=1, num_warps=4),
 }
 _GDN_CONVENTIONAL = {
@@ -90,6 +101,14 @@ def mamba2_conventional_config(head_dim: int, state_size: int) -> LaunchConfig:
 
 def gdn_replay_config(value_dim: int, key_dim: int) -> LaunchConfig:
     return _pick(_GDN_REPLAY, value_dim, key_dim, loop=True)
+
+
+def gdn_verify_config(value_dim: int, key_dim: int) -> LaunchConfig:
+    return _pick(_GDN_VERIFY, value_dim, key_dim, loop=False)
+
+
+def gdn_flush_config(value_dim: int, key_dim: int) -> LaunchConfig:
+    return _pick(_GDN_FLUSH, value_dim, key_dim, loop=True)
 
 
 def gdn_conventional_config(value_dim: int, key_dim: int) -> LaunchConfig:

@@ -1,6 +1,6 @@
-"""Triton kernels for Gated DeltaNet: the replay step (T = 1) and the conventional baseline.
+"""Triton kernels for Gated DeltaNet: the replay step (decoding and verification) and the conventional baseline.
 
-Replay step, one token per row (docs/ops.md, SPEC §2). ``_gdn_replay_kernel``
+Decoding, one token per row (docs/ops.md, SPEC §2). ``_gdn_replay_kernel``
 runs one program per (tile group, value head, row). A program computes the
 per-head quantities once (normalised q and k, the ring keys' dot products
 ``k_i . k_t`` and ``k_i . q_t`` with their decays), then for each tile of
@@ -10,6 +10,28 @@ value rows reads the checkpoint once for both ``S_c k`` and ``S_c q``, forms
 first (``S <- exp(g_i) S + d_i k_i^T`` in fp32) and write the checkpoint.
 ``_gdn_append_kernel`` (one program per row) then writes the normalised key
 and the log-decay, which every tile of a row reads, and moves the cursor.
+
+Verification, T > 1 tokens per row (SPEC §3), three launches:
+
+1. ``_gdn_flush_kernel`` over (tile group, value head, row): rows whose ring
+   cannot take T more entries fold it into the checkpoint (fp32, stored in
+   the checkpoint dtype); every other program exits after reading its
+   cursor. The only checkpoint write.
+2. ``_gdn_weights_kernel`` over (key head, row): the key-side products, once
+   per key head for its value heads, into a scratch of per-token weights
+   (ring, causal, checkpoint decay, beta), plus the normalised k and scaled q
+   of the new tokens; appends k and g at the row's ring positions and
+   records the first of them.
+3. ``_gdn_main_kernel`` over (tile, value head, row), shaped like the
+   conventional kernel: from one read of a checkpoint tile and the ring's d
+   slice, token after token, the corrected updates (a forward substitution
+   per value row) and the outputs; writes the outputs and the d entries,
+   never the state. One program per row moves the cursor.
+
+Launches are ordered, which is the only synchronisation between them: each
+ring position and the cursor change only in a launch after every reader of
+them. Nothing is read on the host; the only allocations are the output and
+the scratch, so a step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -20,8 +42,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import device_context, fold_store_tile, next_pow2, suffix_sums, uses_float64
-from .configs import LaunchConfig, gdn_conventional_config, gdn_replay_config
+from .common import device_context, fold_store_tile, fold_tile, next_pow2, suffix_sums, uses_float64
+from .configs import LaunchConfig, gdn_conventional_config, gdn_flush_config, gdn_replay_config, gdn_verify_config
 
 
 @triton.jit
@@ -32,6 +54,27 @@ def _load_qk(p_q, p_k, i_b64, i_kh64, s_q_b, s_q_h, s_q_k, s_k_b, s_k_h, s_k_k, 
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + 1e-6)
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + 1e-6)
     return b_q * scale, b_k
+
+
+@triton.jit
+def _ckpt_tile(p_ck_head, i_v, s_ck_v, s_ck_k, o_k, m_k, V, BLOCK_V: tl.constexpr):
+    """Tile ``i_v`` of a checkpoint head (rows ``i_v * BLOCK_V ..``): row offsets and mask, pointers and mask."""
+    o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_v = o_v < V
+    m_tile = m_v[:, None] & m_k[None, :]
+    p_tile = p_ck_head + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
+    return o_v, m_v, p_tile, m_tile
+
+
+@triton.jit
+def _load_tile_ring(p_ck_head, p_ring_row_d, i_v, n_ring, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V: tl.constexpr):
+    """Tile ``i_v`` of a checkpoint head and the ring's d entries ``< n_ring`` of its rows, ``(rows, entries)``, in fp32."""
+    o_v, m_v, p_tile, m_tile = _ckpt_tile(p_ck_head, i_v, s_ck_v, s_ck_k, o_k, m_k, V, BLOCK_V)
+    b_S = tl.load(p_tile, mask=m_tile, other=0.0).to(tl.float32)
+    b_rd = tl.load(
+        p_ring_row_d + o_l[None, :] * s_rd_l + o_v[:, None] * s_rd_v, mask=(o_l[None, :] < n_ring) & m_v[:, None], other=0.0
+    ).to(tl.float32)
+    return o_v, m_v, p_tile, m_tile, b_S, b_rd
 
 
 @triton.jit
@@ -98,10 +141,7 @@ def _gdn_replay_kernel(
 
     p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
     for i_v in range(i_s, NUM_TILES, SPLIT):
-        o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
-        m_v = o_v < V
-        m_tile = m_v[:, None] & m_k[None, :]
-        p_tile = p_ck_head + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
+        o_v, m_v, p_tile, m_tile = _ckpt_tile(p_ck_head, i_v, s_ck_v, s_ck_k, o_k, m_k, V, BLOCK_V)
         b_S = b_S_next.to(tl.float32)
         o_v_next = (i_v + SPLIT) * BLOCK_V + tl.arange(0, BLOCK_V)
         b_S_next = tl.load(
@@ -125,127 +165,219 @@ def _gdn_replay_kernel(
 
 
 @triton.jit
-def _gdn_verify_kernel(
-    p_q, p_k, p_v, p_g, p_beta, p_o,
+def _gdn_flush_kernel(
     p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
-    s_q_b, s_q_t, s_q_h, s_q_k,
-    s_k_b, s_k_t, s_k_h, s_k_k,
-    s_v_b, s_v_t, s_v_h, s_v_v,
-    s_g_b, s_g_t, s_g_h,
-    s_beta_b, s_beta_t, s_beta_h,
-    s_o_b, s_o_t, s_o_h, s_o_v,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k,
     s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_rg_s, s_rg_l, s_rg_h,
-    V, K, L, value_per_key, scale,
+    V, K, L, value_per_key,
+    T: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Verification launch 1: rows whose ring cannot take the T new entries (``cursor + T > L``) fold it,
+    ``S <- exp(sum g) S + sum_i exp(suffix_i) d_i k_i^T`` in fp32 (one rank-L ``tl.dot`` per tile),
+    stored in the checkpoint dtype; every other program exits. The only checkpoint write."""
+    i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(p_rows + i_b).to(tl.int64)
+    cur = tl.load(p_cursor + slot)
+    if cur + T > L:
+        i_kh = i_h // value_per_key
+        i_h64, i_kh64 = i_h.to(tl.int64), i_kh.to(tl.int64)
+        o_k = tl.arange(0, BLOCK_K)
+        o_l = tl.arange(0, BLOCK_L)
+        m_k = o_k < K
+        m_hist = o_l < cur
+        b_rg = tl.load(p_ring_g + slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l, mask=m_hist, other=0.0).to(tl.float32)
+        b_rk = tl.load(
+            p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h + o_l[:, None] * s_rk_l + o_k[None, :] * s_rk_k,
+            mask=m_hist[:, None] & m_k[None, :], other=0.0,
+        ).to(tl.float32)
+        b_wf = tl.where(m_hist, tl.exp(suffix_sums(b_rg, o_l)), 0.0)
+        b_decay_f = tl.exp(tl.sum(b_rg, axis=0))
+        p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
+        p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
+        for i_v in range(i_s, NUM_TILES, SPLIT):
+            _, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
+                p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+            )
+            b_S = fold_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk)
+            tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
+
+
+@triton.jit
+def _gdn_weights_kernel(
+    p_q, p_k, p_g, p_beta, p_ring_k, p_ring_g, p_cursor, p_rows, p_w, p_qk, p_pos,
+    s_q_b, s_q_t, s_q_h, s_q_k,
+    s_k_b, s_k_t, s_k_h, s_k_k,
+    s_g_b, s_g_t, s_g_h,
+    s_beta_b, s_beta_t, s_beta_h,
+    s_rk_s, s_rk_l, s_rk_h, s_rk_k,
+    s_rg_s, s_rg_l, s_rg_h,
+    s_w_b, s_w_h, s_w_t,
+    s_qk_b, s_qk_h, s_qk_i, s_qk_t,
+    K, L, value_per_key, scale,
     T: tl.constexpr, L2NORM: tl.constexpr,
+    BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """Verification launch 2, one program per (key head, row): the main launch's weights, and the append.
+
+    With c the row's committed entries after launch 1 (0 if it folded), ``suffix_i`` the log-decays
+    of ring entries i+1..c-1 and ``cum_t`` those of the new tokens up to t, for each value head j of
+    the key head and token t, into ``w[b, j, t]``: at i < L the ring weights of r,
+    ``exp(suffix_i + cum_t) k_i.k_t`` (zero for i >= c); at L + i those of o (``k_i.q_t``); at 2L + s
+    the causal weights of r, ``exp(seg(s, t)) k_s.k_t`` for s < t; at 2L + T + s those of o
+    (``k_s.q_t``, s <= t); at 2L + 2T the checkpoint decay ``exp(sum_{i<c} g_i + cum_t)``; then
+    beta_t. The key products are formed once per key head; the normalised k_t and scaled q_t go to
+    ``qk[b, kh, 0 | 1, t]`` for launch 3. Then k_t and g_t are appended at ring position c + t and
+    ``pos[b]`` gets c; launch 3 moves the cursor.
+    """
+    i_kh, i_b = tl.program_id(0), tl.program_id(1)
+    i_kh64, i_b64 = i_kh.to(tl.int64), i_b.to(tl.int64)
+    slot = tl.load(p_rows + i_b).to(tl.int64)
+    cur = tl.load(p_cursor + slot)
+    c_eff = tl.where(cur + T > L, 0, cur)
+    o_k = tl.arange(0, BLOCK_K)
+    o_l = tl.arange(0, BLOCK_L)
+    o_t = tl.arange(0, BLOCK_T)
+    o_j = tl.arange(0, BLOCK_J)
+    m_k = o_k < K
+    m_t = o_t < T
+    m_j = o_j < value_per_key
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_jt = m_j[:, None] & m_t[None, :]
+    m_jl = m_j[:, None] & (o_l[None, :] < c_eff)
+    o_h = (i_kh * value_per_key + o_j).to(tl.int64)
+    # The new tokens (tokens, K): normalised keys, scaled queries.
+    b_K = tl.load(p_k + i_b64 * s_k_b + i_kh64 * s_k_h + o_t[:, None] * s_k_t + o_k[None, :] * s_k_k, mask=m_tk, other=0.0).to(tl.float32)
+    b_Q = tl.load(p_q + i_b64 * s_q_b + i_kh64 * s_q_h + o_t[:, None] * s_q_t + o_k[None, :] * s_q_k, mask=m_tk, other=0.0).to(tl.float32)
+    if L2NORM:
+        b_K = b_K * tl.rsqrt(tl.sum(b_K * b_K, axis=1) + 1e-6)[:, None]
+        b_Q = b_Q * tl.rsqrt(tl.sum(b_Q * b_Q, axis=1) + 1e-6)[:, None]
+    b_Q = b_Q * scale
+    p_qk_row = p_qk + i_b64 * s_qk_b + i_kh64 * s_qk_h
+    tl.store(p_qk_row + o_t[:, None] * s_qk_t + o_k[None, :], b_K, mask=m_tk)
+    tl.store(p_qk_row + s_qk_i + o_t[:, None] * s_qk_t + o_k[None, :], b_Q, mask=m_tk)
+    # The committed ring: keys (entries, K), log-decays (heads, entries).
+    b_rk = tl.load(
+        p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h + o_l[:, None] * s_rk_l + o_k[None, :] * s_rk_k,
+        mask=(o_l[:, None] < c_eff) & m_k[None, :], other=0.0,
+    ).to(tl.float32)
+    b_rg = tl.load(p_ring_g + slot * s_rg_s + o_l[None, :] * s_rg_l + o_h[:, None] * s_rg_h, mask=m_jl, other=0.0).to(tl.float32)
+    b_g = tl.load(p_g + i_b64 * s_g_b + o_t[None, :] * s_g_t + o_h[:, None] * s_g_h, mask=m_jt, other=0.0).to(tl.float32)
+    # suffix[j, i] = sum_{i < m < c} g[j, m]: direct segment sums (no difference of cumulative sums)
+    b_suffix = tl.sum(tl.where(o_l[None, None, :] > o_l[None, :, None], b_rg[:, None, :], 0.0), axis=2)
+    b_ring_total = tl.sum(b_rg, axis=1)
+    p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
+    m_wl = m_j[:, None] & (o_l[None, :] < L)
+    tl.debug_barrier()  # the qk rows stored above are read back below as vectors, by other threads
+    for t in tl.static_range(T):
+        b_k_t = tl.load(p_qk_row + t * s_qk_t + o_k, mask=m_k, other=0.0)
+        b_q_t = tl.load(p_qk_row + s_qk_i + t * s_qk_t + o_k, mask=m_k, other=0.0)
+        b_cum_t = tl.sum(tl.where(o_t[None, :] <= t, b_g, 0.0), axis=1)  # (heads,)
+        # seg[j, s] = sum_{s < u <= t} g[j, u]
+        m_seg = (o_t[None, None, :] > o_t[None, :, None]) & (o_t[None, None, :] <= t)
+        b_dec_new = tl.exp(tl.sum(tl.where(m_seg, b_g[:, None, :], 0.0), axis=2))
+        b_dec_ring = tl.where(m_jl, tl.exp(b_suffix + b_cum_t[:, None]), 0.0)
+        p_w_t = p_w_rows + t * s_w_t
+        tl.store(p_w_t[:, None] + o_l[None, :], b_dec_ring * tl.sum(b_rk * b_k_t[None, :], axis=1)[None, :], mask=m_wl)
+        tl.store(p_w_t[:, None] + L + o_l[None, :], b_dec_ring * tl.sum(b_rk * b_q_t[None, :], axis=1)[None, :], mask=m_wl)
+        b_wk_new = tl.where(o_t[None, :] < t, b_dec_new * tl.sum(b_K * b_k_t[None, :], axis=1)[None, :], 0.0)
+        b_wq_new = tl.where(o_t[None, :] <= t, b_dec_new * tl.sum(b_K * b_q_t[None, :], axis=1)[None, :], 0.0)
+        tl.store(p_w_t[:, None] + 2 * L + o_t[None, :], b_wk_new, mask=m_jt)
+        tl.store(p_w_t[:, None] + (2 * L + T) + o_t[None, :], b_wq_new, mask=m_jt)
+        tl.store(p_w_t + (2 * L + 2 * T), tl.exp(b_ring_total + b_cum_t), mask=m_j)
+        b_beta_t = tl.load(p_beta + i_b64 * s_beta_b + t * s_beta_t + o_h * s_beta_h, mask=m_j, other=0.0)
+        tl.store(p_w_t + (2 * L + 2 * T + 1), b_beta_t.to(tl.float32), mask=m_j)
+    # Append: the T keys (this key head) and log-decays (its value heads) at ring positions c .. c + T - 1.
+    tl.store(
+        p_ring_k + slot * s_rk_s + (c_eff + o_t[:, None]) * s_rk_l + i_kh64 * s_rk_h + o_k[None, :] * s_rk_k,
+        b_K.to(p_ring_k.dtype.element_ty), mask=m_tk,
+    )
+    tl.store(
+        p_ring_g + slot * s_rg_s + (c_eff + o_t[None, :]) * s_rg_l + o_h[:, None] * s_rg_h, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt
+    )
+    tl.store(p_pos + i_b, c_eff, mask=i_kh == 0)
+
+
+@triton.jit
+def _gdn_main_kernel(
+    p_v, p_o, p_ckpt, p_ring_d, p_cursor, p_pending, p_rows, p_w, p_qk, p_pos,
+    s_v_b, s_v_t, s_v_h, s_v_v,
+    s_o_b, s_o_t, s_o_h, s_o_v,
+    s_ck_s, s_ck_h, s_ck_v, s_ck_k,
+    s_rd_s, s_rd_l, s_rd_h, s_rd_v,
+    s_w_b, s_w_h, s_w_t,
+    s_qk_b, s_qk_h, s_qk_i, s_qk_t,
+    V, K, L, value_per_key,
+    T: tl.constexpr, COMMIT: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """T >= 2 tokens per row (verification). The T corrected updates solve the unit lower-triangular
-    system of SPEC §3 by forward substitution, per value row, in registers."""
+    """Verification launch 3, shaped like the conventional kernel: per tile of value rows, from one read
+    of the checkpoint tile, the ring's d slice and the new v, token after token,
+    ``r_t = decay_t S k_t + sum_i wk_ti d_i + sum_{s<t} wk'_ts d_s``, ``d_t = beta_t (v_t - r_t)``,
+    ``o_t = decay_t S q_t + sum_i wq_ti d_i + sum_{s<=t} wq'_ts d_s``; writes o_t and d_t (ring
+    position c + t), never the checkpoint. One program per row moves the cursor: nothing here reads it.
+    """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_kh = i_h // value_per_key
-    slot = tl.load(p_rows + i_b).to(tl.int64)
     i_h64, i_kh64, i_b64 = i_h.to(tl.int64), i_kh.to(tl.int64), i_b.to(tl.int64)
-    cur = tl.load(p_cursor + slot)
-    flush = cur + T > L
-    c_eff = tl.where(flush, 0, cur)
-
+    slot = tl.load(p_rows + i_b).to(tl.int64)
+    c_eff = tl.load(p_pos + i_b)
+    if (i_s == 0) & (i_h == 0):
+        if COMMIT:
+            tl.store(p_cursor + slot, c_eff + T)
+            tl.store(p_pending + slot, 0)
+        else:
+            tl.store(p_cursor + slot, c_eff)
+            tl.store(p_pending + slot, T)
     o_k = tl.arange(0, BLOCK_K)
     o_l = tl.arange(0, BLOCK_L)
     o_t = tl.arange(0, BLOCK_T)
     m_k = o_k < K
-    m_t = o_t < T
-    m_hist = o_l < cur
     m_ring = o_l < c_eff
-    m_tk = m_t[:, None] & m_k[None, :]
-
-    p_ck_head = p_ckpt + slot * s_ck_s + i_h.to(tl.int64) * s_ck_h
-    o_v = i_s * BLOCK_V + tl.arange(0, BLOCK_V)
-    b_S_next = tl.load(
-        p_ck_head + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k,
-        mask=(o_v[:, None] < V) & (o_k[None, :] < K), other=0.0,
-    )
-
-    b_Q = tl.load(p_q + i_b64 * s_q_b + i_kh64 * s_q_h + o_t[:, None] * s_q_t + o_k[None, :] * s_q_k, mask=m_tk, other=0.0).to(tl.float32)
-    b_K = tl.load(p_k + i_b64 * s_k_b + i_kh64 * s_k_h + o_t[:, None] * s_k_t + o_k[None, :] * s_k_k, mask=m_tk, other=0.0).to(tl.float32)
-    if L2NORM:
-        b_Q = b_Q * tl.rsqrt(tl.sum(b_Q * b_Q, axis=1) + 1e-6)[:, None]
-        b_K = b_K * tl.rsqrt(tl.sum(b_K * b_K, axis=1) + 1e-6)[:, None]
-    b_Q = b_Q * scale
-    b_g = tl.load(p_g + i_b64 * s_g_b + o_t * s_g_t + i_h64 * s_g_h, mask=m_t, other=0.0).to(tl.float32)
-    b_beta = tl.load(p_beta + i_b64 * s_beta_b + o_t * s_beta_t + i_h64 * s_beta_h, mask=m_t, other=0.0).to(tl.float32)
-    b_cum = tl.sum(tl.where(o_t[None, :] <= o_t[:, None], b_g[None, :], 0.0), axis=1)
-    m_seg = (o_t[None, None, :] > o_t[None, :, None]) & (o_t[None, None, :] <= o_t[:, None, None])
-    b_seg_new = tl.sum(tl.where(m_seg, b_g[None, None, :], 0.0), axis=2)
-
-    p_ring_row_g = p_ring_g + slot * s_rg_s + i_h64 * s_rg_h
-    p_ring_row_k = p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h
-    b_rg = tl.load(p_ring_row_g + o_l * s_rg_l, mask=m_hist, other=0.0).to(tl.float32)
-    b_rk = tl.load(
-        p_ring_row_k + o_l[:, None] * s_rk_l + o_k[None, :] * s_rk_k, mask=m_hist[:, None] & m_k[None, :], other=0.0
-    ).to(tl.float32)
-    b_suffix = suffix_sums(b_rg, o_l)
-    b_wf = tl.where(m_hist, tl.exp(b_suffix), 0.0)
-    b_decay_f = tl.exp(tl.sum(b_rg, axis=0))
-    # Key products, once per program: (ring entries | earlier tokens) x (k_t | q_t).
-    b_kk_r = tl.zeros((BLOCK_T, BLOCK_L), dtype=tl.float32)
-    b_kq_r = tl.zeros((BLOCK_T, BLOCK_L), dtype=tl.float32)
-    b_kk_n = tl.zeros((BLOCK_T, BLOCK_T), dtype=tl.float32)
-    b_kq_n = tl.zeros((BLOCK_T, BLOCK_T), dtype=tl.float32)
-    for t in tl.static_range(T):
-        b_k_t = tl.sum(tl.where(o_t[:, None] == t, b_K, 0.0), axis=0)
-        b_q_t = tl.sum(tl.where(o_t[:, None] == t, b_Q, 0.0), axis=0)
-        b_kk_r = tl.where(o_t[:, None] == t, tl.sum(b_rk * b_k_t[None, :], axis=1)[None, :], b_kk_r)
-        b_kq_r = tl.where(o_t[:, None] == t, tl.sum(b_rk * b_q_t[None, :], axis=1)[None, :], b_kq_r)
-        b_kk_n = tl.where(o_t[:, None] == t, tl.sum(b_K * b_k_t[None, :], axis=1)[None, :], b_kk_n)
-        b_kq_n = tl.where(o_t[:, None] == t, tl.sum(b_K * b_q_t[None, :], axis=1)[None, :], b_kq_n)
-    b_dec_r = tl.where(m_t[:, None] & m_ring[None, :], tl.exp(b_suffix[None, :] + b_cum[:, None]), 0.0)
-    b_wk_r, b_wq_r = b_dec_r * b_kk_r, b_dec_r * b_kq_r
-    b_dec_n = tl.exp(b_seg_new)
-    b_wk_n = tl.where((o_t[None, :] < o_t[:, None]) & m_t[:, None], b_dec_n * b_kk_n, 0.0)  # strictly earlier tokens
-    b_wq_n = tl.where((o_t[None, :] <= o_t[:, None]) & m_t[:, None], b_dec_n * b_kq_n, 0.0)  # the token itself too
-    b_decay = tl.exp(tl.where(flush, 0.0, tl.sum(b_rg, axis=0)) + b_cum)
-
+    p_w_row = p_w + i_b64 * s_w_b + i_h64 * s_w_h
+    p_qk_row = p_qk + i_b64 * s_qk_b + i_kh64 * s_qk_h
+    p_v_row = p_v + i_b64 * s_v_b + i_h64 * s_v_h
+    p_o_row = p_o + i_b64 * s_o_b + i_h64 * s_o_h
+    p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
     p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
     for i_v in range(i_s, NUM_TILES, SPLIT):
-        o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
-        m_v = o_v < V
-        m_tile = m_v[:, None] & m_k[None, :]
-        p_tile = p_ck_head + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
-        b_S = b_S_next.to(tl.float32)
-        o_v_next = (i_v + SPLIT) * BLOCK_V + tl.arange(0, BLOCK_V)
-        b_S_next = tl.load(
-            p_ck_head + o_v_next[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k,
-            mask=(o_v_next[:, None] < V) & m_k[None, :], other=0.0,
+        o_v, m_v, _, _, b_S, b_rd = _load_tile_ring(
+            p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
         )
-        b_rd = tl.load(
-            p_ring_row_d + o_l[:, None] * s_rd_l + o_v[None, :] * s_rd_v, mask=m_hist[:, None] & m_v[None, :], other=0.0
-        ).to(tl.float32)
-        if flush:
-            # Fold the ring in one rank-L update in fp32; the outputs use the stored tile.
-            b_S = fold_store_tile(b_S, b_decay_f, b_rd * b_wf[:, None], b_rk, p_tile, m_tile)
-        b_Dn = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
         for t in tl.static_range(T):
-            b_k_t = tl.sum(tl.where(o_t[:, None] == t, b_K, 0.0), axis=0)
-            b_q_t = tl.sum(tl.where(o_t[:, None] == t, b_Q, 0.0), axis=0)
-            b_decay_t = tl.sum(tl.where(o_t == t, b_decay, 0.0), axis=0)
-            b_beta_t = tl.sum(tl.where(o_t == t, b_beta, 0.0), axis=0)
-            b_wk_r_t = tl.sum(tl.where(o_t[:, None] == t, b_wk_r, 0.0), axis=0)
-            b_wq_r_t = tl.sum(tl.where(o_t[:, None] == t, b_wq_r, 0.0), axis=0)
-            b_wk_n_t = tl.sum(tl.where(o_t[:, None] == t, b_wk_n, 0.0), axis=0)
-            b_wq_n_t = tl.sum(tl.where(o_t[:, None] == t, b_wq_n, 0.0), axis=0)
-            b_v = tl.load(p_v + i_b64 * s_v_b + t * s_v_t + i_h64 * s_v_h + o_v * s_v_v, mask=m_v, other=0.0).to(tl.float32)
-            b_r = b_decay_t * tl.sum(b_S * b_k_t[None, :], axis=1)
-            b_r += tl.sum(b_wk_r_t[:, None] * b_rd, axis=0) + tl.sum(b_wk_n_t[:, None] * b_Dn, axis=0)
-            b_d = b_beta_t * (b_v - b_r)
-            b_Dn = tl.where(o_t[:, None] == t, b_d[None, :], b_Dn)
-            b_o = b_decay_t * tl.sum(b_S * b_q_t[None, :], axis=1)
-            b_o += tl.sum(b_wq_r_t[:, None] * b_rd, axis=0) + tl.sum(b_wq_n_t[:, None] * b_Dn, axis=0)
-            tl.store(p_o + i_b64 * s_o_b + t * s_o_t + i_h64 * s_o_h + o_v * s_o_v, b_o.to(p_o.dtype.element_ty), mask=m_v)
+            p_w_t = p_w_row + t * s_w_t
+            b_k_t = tl.load(p_qk_row + t * s_qk_t + o_k, mask=m_k, other=0.0)
+            b_q_t = tl.load(p_qk_row + s_qk_i + t * s_qk_t + o_k, mask=m_k, other=0.0)
+            b_decay = tl.load(p_w_t + (2 * L + 2 * T))
+            b_wk = tl.load(p_w_t + o_l, mask=m_ring, other=0.0)
+            b_wq = tl.load(p_w_t + L + o_l, mask=m_ring, other=0.0)
+            # Every block is (rows, .) like the tile, so each sum runs along axis 1.
+            b_r = b_decay * tl.sum(b_S * b_k_t[None, :], axis=1) + tl.sum(b_wk[None, :] * b_rd, axis=1)
+            b_o = b_decay * tl.sum(b_S * b_q_t[None, :], axis=1) + tl.sum(b_wq[None, :] * b_rd, axis=1)
+            if t > 0:
+                # The earlier tokens' d_s of this tile, re-read from the ring (stored below, then a
+                # barrier) as a (rows, tokens) block used like the ring slice: keeping them in a register
+                # matrix would cost layout conversions per token to insert and extract them. (ring_d is
+                # fp32 in the state classes; a narrower one would give later tokens the d_s as stored.)
+                b_dn = tl.load(
+                    p_ring_row_d + (c_eff + o_t[None, :]) * s_rd_l + o_v[:, None] * s_rd_v,
+                    mask=(o_t[None, :] < t) & m_v[:, None], other=0.0,
+                ).to(tl.float32)
+                b_wk_new = tl.load(p_w_t + 2 * L + o_t, mask=o_t < t, other=0.0)
+                b_wq_new = tl.load(p_w_t + (2 * L + T) + o_t, mask=o_t < t, other=0.0)
+                b_r += tl.sum(b_wk_new[None, :] * b_dn, axis=1)
+                b_o += tl.sum(b_wq_new[None, :] * b_dn, axis=1)
+            b_v = tl.load(p_v_row + t * s_v_t + o_v * s_v_v, mask=m_v, other=0.0).to(tl.float32)
+            b_d = tl.load(p_w_t + (2 * L + 2 * T + 1)) * (b_v - b_r)
+            b_o += tl.load(p_w_t + (2 * L + T + t)) * b_d
+            tl.store(p_o_row + t * s_o_t + o_v * s_o_v, b_o.to(p_o.dtype.element_ty), mask=m_v)
             tl.store(p_ring_row_d + (c_eff + t) * s_rd_l + o_v * s_rd_v, b_d.to(p_ring_d.dtype.element_ty), mask=m_v)
+            if t + 1 < T:
+                tl.debug_barrier()  # d_t visible to every thread of the program before token t + 1 reads it
 
 
 @triton.jit
@@ -360,39 +492,24 @@ def _tiles(dim: int, cfg: LaunchConfig) -> tuple[int, int]:
 def gdn_step_out(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
+    flush_config: LaunchConfig | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
-    T = 1 (decoding) runs ``_gdn_replay_kernel``, T > 1 (verification) ``_gdn_verify_kernel``.
+    T = 1 (decoding) runs ``_gdn_replay_kernel`` (``config``, default from the replay table) and the
+    append. T > 1 (verification) runs ``_gdn_flush_kernel`` (``flush_config``), ``_gdn_weights_kernel``
+    and ``_gdn_main_kernel`` (``config``, default from the verify table).
     """
-    batch, num_tokens, key_heads, key_dim = k.shape
+    if k.shape[1] > 1:
+        _gdn_verify(
+            q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config
+        )
+        return
+    batch, _, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     window = ring_k.shape[1]
     cfg = config or gdn_replay_config(value_dim, key_dim)
     num_tiles, split = _tiles(value_dim, cfg)
-    if num_tokens > 1:
-        with device_context(v):
-            _gdn_verify_kernel[(split, value_heads, batch)](
-                p_q=q, p_k=k, p_v=v, p_g=g, p_beta=beta, p_o=o,
-                p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
-                **dict(zip(("s_q_b", "s_q_t", "s_q_h", "s_q_k"), q.stride())),
-                **dict(zip(("s_k_b", "s_k_t", "s_k_h", "s_k_k"), k.stride())),
-                **dict(zip(("s_v_b", "s_v_t", "s_v_h", "s_v_v"), v.stride())),
-                **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
-                **dict(zip(("s_beta_b", "s_beta_t", "s_beta_h"), beta.stride())),
-                **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
-                **dict(zip(("s_ck_s", "s_ck_h", "s_ck_v", "s_ck_k"), checkpoint.stride())),
-                **dict(zip(("s_rk_s", "s_rk_l", "s_rk_h", "s_rk_k"), ring_k.stride())),
-                **dict(zip(("s_rd_s", "s_rd_l", "s_rd_h", "s_rd_v"), ring_d.stride())),
-                **dict(zip(("s_rg_s", "s_rg_l", "s_rg_h"), ring_g.stride())),
-                V=value_dim, K=key_dim, L=window, value_per_key=value_heads // key_heads, scale=_scale(scale, key_dim),
-                T=num_tokens, L2NORM=use_qk_l2norm,
-                BLOCK_V=cfg.block, BLOCK_K=next_pow2(key_dim), BLOCK_L=max(next_pow2(window), 16),
-                BLOCK_T=max(next_pow2(num_tokens), 2), NUM_TILES=num_tiles, SPLIT=split,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )  # fmt: skip
-            _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2norm, value_heads)
-        return
     q1, k1, v1, g1, beta1, o1 = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], o[:, 0]
     with device_context(v):
         _gdn_replay_kernel[(split, value_heads, batch)](
@@ -415,6 +532,65 @@ def gdn_step_out(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2norm, value_heads)
+
+
+def _gdn_verify(
+    q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
+    rows, commit, use_qk_l2norm, scale, o, config, flush_config,
+) -> None:  # fmt: skip
+    batch, num_tokens, key_heads, key_dim = k.shape
+    value_heads, value_dim = v.shape[2], v.shape[3]
+    window = ring_k.shape[1]
+    value_per_key = value_heads // key_heads
+    block_k, block_l, block_t = next_pow2(key_dim), next_pow2(window), next_pow2(num_tokens)
+    # Per-call scratch (like the output): weights per (row, value head, token), normalised k / scaled q
+    # per (row, key head), each row's first new ring position.
+    weights = torch.empty(batch, value_heads, num_tokens, 2 * window + 2 * num_tokens + 2, dtype=torch.float32, device=v.device)
+    qk = torch.empty(batch, key_heads, 2, num_tokens, key_dim, dtype=torch.float32, device=v.device)
+    pos = torch.empty(batch, dtype=torch.int32, device=v.device)
+    ck_strides = dict(zip(("s_ck_s", "s_ck_h", "s_ck_v", "s_ck_k"), checkpoint.stride()))
+    rk_strides = dict(zip(("s_rk_s", "s_rk_l", "s_rk_h", "s_rk_k"), ring_k.stride()))
+    rd_strides = dict(zip(("s_rd_s", "s_rd_l", "s_rd_h", "s_rd_v"), ring_d.stride()))
+    rg_strides = dict(zip(("s_rg_s", "s_rg_l", "s_rg_h"), ring_g.stride()))
+    scratch_strides = dict(
+        **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
+        **dict(zip(("s_qk_b", "s_qk_h", "s_qk_i", "s_qk_t"), qk.stride()[:4])),
+    )  # fmt: skip
+    fcfg = flush_config or gdn_flush_config(value_dim, key_dim)
+    num_tiles, split = _tiles(value_dim, fcfg)
+    with device_context(v):
+        _gdn_flush_kernel[(split, value_heads, batch)](
+            p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
+            **ck_strides, **rk_strides, **rd_strides, **rg_strides,
+            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens,
+            BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=num_tiles, SPLIT=split,
+            num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
+        )  # fmt: skip
+        _gdn_weights_kernel[(key_heads, batch)](
+            p_q=q, p_k=k, p_g=g, p_beta=beta, p_ring_k=ring_k, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
+            p_w=weights, p_qk=qk, p_pos=pos,
+            **dict(zip(("s_q_b", "s_q_t", "s_q_h", "s_q_k"), q.stride())),
+            **dict(zip(("s_k_b", "s_k_t", "s_k_h", "s_k_k"), k.stride())),
+            **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
+            **dict(zip(("s_beta_b", "s_beta_t", "s_beta_h"), beta.stride())),
+            **rk_strides, **rg_strides, **scratch_strides,
+            K=key_dim, L=window, value_per_key=value_per_key, scale=_scale(scale, key_dim),
+            T=num_tokens, L2NORM=use_qk_l2norm,
+            BLOCK_J=next_pow2(value_per_key), BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t,
+            num_warps=4,
+        )  # fmt: skip
+        cfg = config or gdn_verify_config(value_dim, key_dim)
+        num_tiles, split = _tiles(value_dim, cfg)
+        _gdn_main_kernel[(split, value_heads, batch)](
+            p_v=v, p_o=o, p_ckpt=checkpoint, p_ring_d=ring_d, p_cursor=cursor, p_pending=pending, p_rows=rows,
+            p_w=weights, p_qk=qk, p_pos=pos,
+            **dict(zip(("s_v_b", "s_v_t", "s_v_h", "s_v_v"), v.stride())),
+            **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
+            **ck_strides, **rd_strides, **scratch_strides,
+            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit,
+            BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
 
 
 def _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2norm, value_heads) -> None:
