@@ -6,8 +6,8 @@
 Models (random weights, a few layers, real layer width, bf16 weights and
 activations, fp32 recurrent state):
 
-* ``nemotron_h-like``: hidden 4096, Mamba-2 layers of 128 heads x 64 x 128
-  state, 8 groups (Nemotron-H 8B's mixer), pattern mamba, mlp, mamba, attention;
+* ``nemotron_h-like``: hidden 3072, Mamba-2 layers of 96 heads x 64 x 128
+  state, 8 groups, pattern mamba, mlp, mamba, attention (prefill chunk 16);
 * ``qwen3_5-like``: hidden 2048, Gated DeltaNet layers of 16 key heads / 32
   value heads x 128 x 128, pattern linear, linear, linear, full attention.
 
@@ -90,17 +90,19 @@ MODELS = {
     "nemotron_h-like": dict(
         model_type="nemotron_h",
         vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_attention_heads=32,
+        hidden_size=3072,
+        intermediate_size=9216,
+        num_attention_heads=24,
         num_key_value_heads=8,
         head_dim=128,
-        mamba_num_heads=128,
+        mamba_num_heads=96,
         mamba_head_dim=64,
         ssm_state_size=128,
         n_groups=8,
         conv_kernel=4,
-        chunk_size=128,
+        # Nemotron-H uses 128; transformers' torch prefill (no mamba_ssm on the GPU box) materialises a
+        # (batch, chunk, chunk, heads, state) product: 256 GiB at batch 256 with 128. Only prefill changes.
+        chunk_size=16,
         layers_block_type=["mamba", "mlp", "mamba", "attention"],
     ),
     "qwen3_5-like": dict(
@@ -126,14 +128,27 @@ MODES = ("transformers", "conventional", "replay")
 CAPTURED_MODES = ("conventional-captured", "replay-captured")
 
 
+def model_config(name: str):
+    """The text-decoder config of ``MODELS[name]``.
+
+    Multimodal types (qwen3_5) keep the decoder's settings in a sub-config: built from the top-level
+    type, the keywords would land on the wrapper and the decoder would get its defaults (a 9B model).
+    """
+    from transformers import AutoConfig
+
+    spec = dict(MODELS[name])
+    model_type = spec.pop("model_type")
+    spec.update(tie_word_embeddings=False, pad_token_id=0)
+    text = AutoConfig.for_model(model_type).get_text_config(decoder=True)
+    return type(text)(**spec)
+
+
 def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype):
     if tiny:
         return testing.tiny_model(TINY[name], dtype=dtype).to(device)
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    spec = dict(MODELS[name])
-    config = AutoConfig.for_model(spec.pop("model_type"), tie_word_embeddings=False, pad_token_id=0, **spec)
-    config = config.get_text_config(decoder=True)
+    config = model_config(name)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)

@@ -133,6 +133,70 @@ class SpecCase:
         return steps  # fmt: skip
 
 
+def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
+    """The launch tables a verify step uses that the sweep tunes: (name, table, this geometry's key, candidates).
+
+    The main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel,
+    and one program per head) and the flush launch (``_MAMBA2_FLUSH``, shared with decoding, / ``_GDN_FLUSH``;
+    block >= 16, its fold is a ``tl.dot``).
+    """
+    from replayssm.ops.triton import configs
+    from replayssm.ops.triton.configs import LaunchConfig
+
+    if isinstance(geometry, Mamba2Geometry):
+        dim, key_dim = geometry.head_dim, geometry.state_size
+        main = ("_MAMBA2_VERIFY", [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 4)])
+    else:
+        dim, key_dim = geometry.value_dim, geometry.key_dim
+        main = ("_GDN_VERIFY", [(8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8)])
+    tiles = lambda block: -(-dim // block)  # noqa: E731
+    out = []
+    name, shapes = main
+    if hasattr(configs, name):
+        candidates = [LaunchConfig(block, tiles(block), warps) for block, warps in shapes]
+        out.append((name, getattr(configs, name), (dim, key_dim), candidates + [LaunchConfig(16, 1, 2), LaunchConfig(32, 1, 4)]))
+    flush_table = "_MAMBA2_FLUSH" if isinstance(geometry, Mamba2Geometry) else "_GDN_FLUSH"
+    if hasattr(configs, flush_table):
+        flush = [LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(16, tiles(16), 4), LaunchConfig(16, tiles(16), 2), LaunchConfig(32, tiles(32), 4)]
+        out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
+    return out
+
+
+def sweep_verify(geometries: dict, repeats: int, log) -> dict:
+    """Time each tuned table's candidates on a verify step (replay only, 2 of 4 accepted, batch 256), one
+    geometry per table key, one table after the other (each keeps its fastest); the tables stay set so for
+    the rest of this run. Returns {table: {"dim x key_dim": config}}; configs.py is updated by hand."""
+    from _common import time_graph_per_step
+
+    chosen, seen = {}, set()
+    for name, geometry in geometries.items():
+        for table_name, table, key, candidates in sweep_tables(geometry):
+            if (table_name, key) in seen:
+                continue
+            seen.add((table_name, key))
+            previous, timings = table.get(key), []
+            for cfg in candidates:
+                table[key] = cfg
+                case = SpecCase(geometry, HEADLINE_BATCH, HEADLINE_T, "half")
+                case.base.set_phase("staggered")
+                try:
+                    us = time_graph_per_step(case.replay_steps(), repeats)
+                except Exception as err:  # a config the compiler rejects (registers, shared memory): skip it
+                    log(f"sweep {name} {table_name} {cfg}: failed ({type(err).__name__})")
+                    continue
+                finally:
+                    del case
+                    torch.cuda.empty_cache()
+                timings.append((us, cfg))
+                log(f"sweep {json.dumps({'geometry': name, 'table': table_name, 'config': cfg.as_dict(), 'replay_us': us})}")
+            best = min(timings, key=lambda t: t[0])[1] if timings else previous
+            if best is not None:
+                table[key] = best
+                chosen.setdefault(table_name, {})[f"{key[0]}x{key[1]}"] = best.as_dict()
+            log(f"sweep {name} {table_name}: using {best} (table had {previous})")
+    return chosen
+
+
 def measure(name, geometry, batch, T, accept, bw, repeats):
     from _common import time_graph_per_step
 
@@ -186,6 +250,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--headline-only", action="store_true")
     ap.add_argument("--accept", nargs="*", default=["half", "all", "random"], choices=["half", "all", "random"])
+    ap.add_argument("--sweep", action="store_true", help="time launch configs of a verify step first and use the fastest")
     args = ap.parse_args()
     from _common import format_table, streaming_bandwidth
 
@@ -210,6 +275,7 @@ def main() -> None:
     log(f"streaming bandwidth: {bw / 1e12:.3f} TB/s")
     geometries = {n: GEOMETRIES[n] for n in args.geometries}
     headline, sweep = [], []
+    chosen = sweep_verify(geometries, args.repeats, log) if args.sweep else None
     for name, geometry in geometries.items():
         for accept in args.accept:
             row = measure(name, geometry, HEADLINE_BATCH, HEADLINE_T, accept, bw, args.repeats)
@@ -227,7 +293,8 @@ def main() -> None:
                     row = measure(name, geometry, batch, HEADLINE_T, "half", bw, args.repeats)
                     sweep.append(row)
                     log(f"batch {json.dumps(row)}")
-    (out / "spec_kernels.json").write_text(json.dumps({"meta": meta, "bandwidth_Bps": bw, "headline": headline, "sweep": sweep}, indent=1))
+    result = {"meta": meta, "bandwidth_Bps": bw, "headline": headline, "sweep": sweep, "chosen_configs": chosen}
+    (out / "spec_kernels.json").write_text(json.dumps(result, indent=1))
     try:
         import matplotlib
 

@@ -70,3 +70,14 @@ def test_state_op_share_counts_replayssm_kernels_only(bench):
     kernels = [("_mamba2_main_kernel", 3.0), ("_commit_kernel", 1.0), ("triton_poi_fused__gdn_step_0", 2.0), ("sm90_gemm", 4.0)]
     assert bench.state_op_share(kernels) == pytest.approx(0.4)
     assert bench.state_op_share([]) is None  # no kernels seen: unknown, not 0
+
+
+def test_benchmark_models_have_the_issue_geometry(bench):
+    """The GPU models are the ones the issue names (a multimodal type's keywords must reach its decoder)."""
+    nemotron, qwen = bench.model_config("nemotron_h-like"), bench.model_config("qwen3_5-like")
+    assert (nemotron.hidden_size, nemotron.mamba_num_heads, nemotron.mamba_head_dim, nemotron.ssm_state_size, nemotron.n_groups) == (3072, 96, 64, 128, 8)
+    kinds = [{"linear_attention": "mamba", "full_attention": "attention"}.get(k, k) for k in nemotron.layers_block_type]
+    assert kinds == ["mamba", "mlp", "mamba", "attention"]  # transformers 5.24 renames the kinds
+    assert (qwen.hidden_size, qwen.linear_num_key_heads, qwen.linear_num_value_heads, qwen.linear_key_head_dim) == (2048, 16, 32, 128)
+    assert qwen.num_hidden_layers == 4 and qwen.layer_types.count("linear_attention") == 3
+    assert qwen.vocab_size == nemotron.vocab_size == 32000

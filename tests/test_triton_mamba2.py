@@ -127,6 +127,7 @@ VARIANTS = [
     pytest.param(LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2), id="block32-split1"),
     pytest.param(LaunchConfig(16, 2, 2), LaunchConfig(32, 1, 4), id="block16-split2"),
     pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4), id="block8-one-tile-per-program"),
+    pytest.param(LaunchConfig(16, 3, 1), LaunchConfig(16, 1, 4), id="block16-1warp-one-tile-per-program"),
 ]
 
 

@@ -6,15 +6,17 @@ the full key dimension. ``split`` programs share one head's tiles (a program
 loops over every ``split``-th tile; ``split`` = number of tiles gives one tile
 per program). Mamba-2 kernels: the replay T = 1 main launch
 (``mamba2_replay_config``), its flush launch (``mamba2_flush_config``, block
->= 16: the fold is a ``tl.dot``), the verification kernel (T > 1,
-``mamba2_verify_config``, block >= 16) and the conventional one; the replay
+>= 16: the fold is a ``tl.dot``; shared with verification), the verification
+(T > 1) main launch (``mamba2_verify_config``) and the conventional one; the
 weights launch has a fixed shape. GDN: the replay kernel for T = 1
 (``gdn_replay_config``, block >= 16), the verification (T > 1) main launch
 (``gdn_verify_config``) and its fold launch (``gdn_flush_config``, block >= 16),
 and the conventional one; the verification weights launch has a fixed shape.
 
-The figures behind these choices are in docs/kernels.md (tuning log); the
-benchmark's ``--sweep`` mode times alternatives. A shape missing from a table
+The figures behind these choices are in docs/kernels.md (tuning log);
+``benchmarks/decode_kernels.py --sweep`` (T = 1 main launches) and
+``benchmarks/spec_kernels.py --sweep`` (verification main and flush launches)
+time alternatives. A shape missing from a table
 gets the default rule below it.
 """
 
@@ -40,15 +42,17 @@ _MAMBA2_REPLAY = {
     (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
     (64, 128): LaunchConfig(block=8, split=8, num_warps=1),
 }
-# Replay T = 1 flush launch (only rows whose ring is full work; the fold is a tl.dot: block >= 16).
+# Flush launch, T = 1 and T > 1 (only rows whose ring is full work; the fold is a tl.dot: block >= 16).
+# spec_kernels --sweep, 2026-11-29: one program per head beat one tile per program by 12-15%.
 _MAMBA2_FLUSH = {
     (80, 128): LaunchConfig(block=16, split=1, num_warps=4),
     (64, 128): LaunchConfig(block=16, split=1, num_warps=4),
 }
-# Verification (T > 1): one program per (row, head) walking its tiles (block >= 16).
+# Verification (T > 1) main launch: one 16-row tile per 1-warp program (spec_kernels --sweep,
+# 2026-11-29, T = 4: 605 us against 629 for 8-row tiles and 850 for a program per head, 2 warps).
 _MAMBA2_VERIFY = {
-    (80, 128): LaunchConfig(block=16, split=1, num_warps=2),
-    (64, 128): LaunchConfig(block=16, split=1, num_warps=2),
+    (80, 128): LaunchConfig(block=16, split=5, num_warps=1),
+    (64, 128): LaunchConfig(block=16, split=4, num_warps=1),
 }
 _MAMBA2_CONVENTIONAL = {
     (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
@@ -59,14 +63,14 @@ _MAMBA2_CONVENTIONAL = {
 _GDN_REPLAY = {
     (128, 128): LaunchConfig(block=32, split=1, num_warps=4),
 }
-# GDN verification (T > 1) main launch: shaped like the conventional kernel (one tile per program).
-# Untimed; candidates: block 32 / 8 warps (the conventional kernel's), 16 / 4, 8 / 1, 8 / 2.
+# GDN verification (T > 1) main launch: one 8-row tile per 1-warp program (spec_kernels --sweep,
+# 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps).
 _GDN_VERIFY = {
-    (128, 128): LaunchConfig(block=32, split=4, num_warps=8),
+    (128, 128): LaunchConfig(block=8, split=16, num_warps=1),
 }
 # GDN verification fold launch (only rows whose ring cannot take T more entries work; tl.dot: block >= 16).
 _GDN_FLUSH = {
-    (128, 128): LaunchConfig(block=32, split=1, num_warps=4),
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),  # 528 us vs 536 for block 32: within noise
 }
 _GDN_CONVENTIONAL = {
     (128, 128): LaunchConfig(block=32, split=4, num_warps=8),
