@@ -20,7 +20,8 @@ One call on the GPU does everything (issue 3, item 3):
 
 Prints a table last; writes ``decode_kernels.json`` and ``decode_kernels.png``
 (matplotlib, the ``bench`` extra) into ``--out``. ``--sweep`` first times a
-few launch configurations of the replay main kernel at the headline point (to fill
+few launch configurations of the replay main kernel at the headline point (GDN: also
+decoding through verification's three launches) and uses the fastest (to fill
 ``replayssm/ops/triton/configs.py`` by hand). ``--dry-run`` runs the step
 plumbing once on tiny sizes under the Triton interpreter (no GPU).
 """
@@ -33,6 +34,7 @@ import json
 import os
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -158,8 +160,10 @@ class Case:
                     steps.append(lambda inp=inp: replayssm.ops.gdn_step(*inp, *tensors, self.rows, True, True, None))
                 else:
                     o = torch.empty_like(v)
-                    steps.append(lambda inp=inp, o=o: gdn_kernels.gdn_step_out(
-                        *inp, *tensors, self.rows, True, True, None, o=o, config=config))
+                    three = isinstance(config, GDNThreeLaunches)
+                    cfg, launches = (config.config, 3) if three else (config, None)
+                    steps.append(lambda inp=inp, o=o, cfg=cfg, launches=launches: gdn_kernels.gdn_step_out(
+                        *inp, *tensors, self.rows, True, True, None, o=o, config=cfg, decode_launches=launches))
             del i
         return steps  # fmt: skip
 
@@ -256,11 +260,25 @@ def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=F
     return row
 
 
+@dataclass(frozen=True)
+class GDNThreeLaunches:
+    """A GDN decode step through verification's three launches (``decode_launches=3``); ``config`` is its main launch's."""
+
+    config: LaunchConfig
+
+    def as_dict(self) -> dict:
+        return {**self.config.as_dict(), "launches": 3}
+
+
 # Replay T = 1 candidates. Mamba-2: its main launch (split 64: one tile per program at these sizes);
-# GDN: its single replay kernel (block >= 16, the fold is a tl.dot).
+# GDN: its single replay kernel (block >= 16, the fold is a tl.dot), and the three launches with the
+# main-launch shapes that won for verification (one small tile per 1- or 2-warp program).
 SWEEP_REPLAY = {
     "mamba2": [LaunchConfig(8, 64, 1), LaunchConfig(16, 64, 1), LaunchConfig(16, 64, 2), LaunchConfig(32, 64, 4)],
-    "gdn": [LaunchConfig(16, 1, 2), LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2)],
+    "gdn": [
+        LaunchConfig(16, 1, 2), LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2),
+        GDNThreeLaunches(LaunchConfig(8, 64, 1)), GDNThreeLaunches(LaunchConfig(16, 64, 1)), GDNThreeLaunches(LaunchConfig(16, 64, 2)),
+    ],
 }
 
 

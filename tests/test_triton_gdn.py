@@ -65,9 +65,11 @@ def _gen():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("launches", [1, 3], ids=["single-kernel", "three-launches"])
 @pytest.mark.parametrize("dims, act_dtype, ckpt_dtype, l2norm, tol_out, tol_ckpt", CASES)
-def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_out, tol_ckpt, device):
-    """>= 3 window cycles, rows at different ring positions, outputs poisoned before each kernel call."""
+def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_out, tol_ckpt, launches, device):
+    """>= 3 window cycles, rows at different ring positions, outputs poisoned before each kernel call;
+    decoding through the single replay kernel and through verification's three launches."""
     batch, key_heads, value_heads, key_dim, value_dim, window = dims
     gen = _gen()
     slots = batch + 2
@@ -80,7 +82,7 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_
         flushes += int((ours[4][rows] == window).sum())
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, l2norm, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, l2norm, None, o=o)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, l2norm, None, o=o, decode_launches=launches)
         assert rel_err(o, o_ref) < tol_out
         assert rel_err(ours[0], theirs[0]) < tol_ckpt
         for name, a, b in zip(("ring_k", "ring_d", "ring_g"), ours[1:4], theirs[1:4]):
@@ -90,7 +92,8 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_replay_step_uncommitted_and_scale(device):
+@pytest.mark.parametrize("launches", [1, 3], ids=["single-kernel", "three-launches"])
+def test_replay_step_uncommitted_and_scale(launches, device):
     """Verification (commit=False) followed by a commit of 0 or 1 entries; an explicit scale."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 3
     gen = _gen()
@@ -101,7 +104,7 @@ def test_replay_step_uncommitted_and_scale(device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, 0.3)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, 0.3, o=o)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, 0.3, o=o, decode_launches=launches)
         assert rel_err(o, o_ref) < 1e-5
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
         accepted = torch.tensor([step % 2, 1], device=device)

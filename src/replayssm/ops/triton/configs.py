@@ -63,6 +63,10 @@ _MAMBA2_CONVENTIONAL = {
 _GDN_REPLAY = {
     (128, 128): LaunchConfig(block=32, split=1, num_warps=4),
 }
+# GDN decoding (T = 1): the single replay kernel (1) or verification's three launches (3). The three
+# launches lost as first configured (tuning log, run 5); with the main launch shape verification now
+# uses they are untimed for T = 1: `decode_kernels.py --sweep` times both forms.
+_GDN_DECODE_LAUNCHES: dict[tuple[int, int], int] = {}
 # GDN verification (T > 1) main launch: one 8-row tile per 1-warp program (spec_kernels --sweep,
 # 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps).
 _GDN_VERIFY = {
@@ -117,3 +121,8 @@ def gdn_flush_config(value_dim: int, key_dim: int) -> LaunchConfig:
 
 def gdn_conventional_config(value_dim: int, key_dim: int) -> LaunchConfig:
     return _pick(_GDN_CONVENTIONAL, value_dim, key_dim, loop=False)
+
+
+def gdn_decode_launches(value_dim: int, key_dim: int) -> int:
+    """How a GDN decode step (T = 1) runs: 1 = the single replay kernel, 3 = verification's three launches."""
+    return _GDN_DECODE_LAUNCHES.get((value_dim, key_dim), 1)

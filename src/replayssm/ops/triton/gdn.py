@@ -11,7 +11,8 @@ first (``S <- exp(g_i) S + d_i k_i^T`` in fp32) and write the checkpoint.
 ``_gdn_append_kernel`` (one program per row) then writes the normalised key
 and the log-decay, which every tile of a row reads, and moves the cursor.
 
-Verification, T > 1 tokens per row (SPEC §3), three launches:
+Verification, T > 1 tokens per row (SPEC §3), three launches (decoding can
+take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
 
 1. ``_gdn_flush_kernel`` over (tile group, value head, row): rows whose ring
    cannot take T more entries fold it into the checkpoint (fp32, stored in
@@ -43,7 +44,7 @@ from torch import Tensor
 
 from .. import reference
 from .common import device_context, fold_store_tile, fold_tile, next_pow2, suffix_sums, uses_float64
-from .configs import LaunchConfig, gdn_conventional_config, gdn_flush_config, gdn_replay_config, gdn_verify_config
+from .configs import LaunchConfig, gdn_conventional_config, gdn_decode_launches, gdn_flush_config, gdn_replay_config, gdn_verify_config
 
 
 @triton.jit
@@ -492,21 +493,26 @@ def _tiles(dim: int, cfg: LaunchConfig) -> tuple[int, int]:
 def gdn_step_out(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
-    flush_config: LaunchConfig | None = None,
+    flush_config: LaunchConfig | None = None, decode_launches: int | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
     T = 1 (decoding) runs ``_gdn_replay_kernel`` (``config``, default from the replay table) and the
-    append. T > 1 (verification) runs ``_gdn_flush_kernel`` (``flush_config``), ``_gdn_weights_kernel``
-    and ``_gdn_main_kernel`` (``config``, default from the verify table).
+    append, or, with ``decode_launches=3`` (default from ``gdn_decode_launches``), the three launches
+    of verification. T > 1 (verification) runs ``_gdn_flush_kernel`` (``flush_config``),
+    ``_gdn_weights_kernel`` and ``_gdn_main_kernel`` (``config``, default from the verify table).
     """
-    if k.shape[1] > 1:
-        _gdn_verify(
+    batch, num_tokens, key_heads, key_dim = k.shape
+    value_heads, value_dim = v.shape[2], v.shape[3]
+    if decode_launches is None:
+        decode_launches = gdn_decode_launches(value_dim, key_dim)
+    if decode_launches not in (1, 3):
+        raise ValueError(f"gdn_step_out: decode_launches must be 1 or 3, got {decode_launches}")
+    if num_tokens > 1 or decode_launches == 3:
+        _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config
         )
         return
-    batch, _, key_heads, key_dim = k.shape
-    value_heads, value_dim = v.shape[2], v.shape[3]
     window = ring_k.shape[1]
     cfg = config or gdn_replay_config(value_dim, key_dim)
     num_tiles, split = _tiles(value_dim, cfg)
@@ -534,7 +540,7 @@ def gdn_step_out(
         _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2norm, value_heads)
 
 
-def _gdn_verify(
+def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit, use_qk_l2norm, scale, o, config, flush_config,
 ) -> None:  # fmt: skip
