@@ -1,0 +1,45 @@
+#!/bin/bash
+# One GPU session's runs, in parts that each fit a 10-minute call; every part writes under OUT.
+#
+#   bash benchmarks/run_gpu.sh kernels OUT   # CUDA tests of the kernels, decode (--sweep) and spec tables
+#   bash benchmarks/run_gpu.sh hf OUT        # CUDA tests of the HF path, generate.py (all modes, batches, assisted)
+#   bash benchmarks/run_gpu.sh quality OUT   # quality.py on both checkpoints
+#
+# Run from the repository root with PYTHONPATH=src (nothing is installed on the GPU machine); on the lent
+# machine, which returns at most 8 files, write to a scratch folder and tar it into $OUT. Each step
+# has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
+# JSON go to OUT/<step>/ as they are written.
+set -u
+part=${1:?part: kernels, hf or quality}
+out=${2:?output folder}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output in OUT/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s)"
+    timeout "$limit" "$@" > "$out/$name.log" 2>&1
+    echo "== $name: exit $? after ${SECONDS}s in all"
+    tail -n 25 "$out/$name.log"
+}
+case $part in
+kernels)
+    step kernel-tests 200 python3 -m pytest -q tests/test_triton_mamba2.py tests/test_triton_gdn.py
+    step decode 150 python3 benchmarks/decode_kernels.py --out "$out/decode" --headline-only --sweep --repeats 8
+    step spec 200 python3 benchmarks/spec_kernels.py --out "$out/spec" --sweep --repeats 8
+    ;;
+hf)
+    step hf-tests 150 python3 -m pytest -q tests/test_hf_cuda.py
+    step generate-qwen 200 python3 benchmarks/generate.py --out "$out/generate-qwen" --models qwen3_5-like --captured --steps 32 --repeats 3
+    step generate-nemotron 200 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --captured --steps 32 --repeats 3
+    ;;
+quality)
+    configs="reference replay-fp32 replay-fp16 replay-bf16 conventional-fp32 conventional-fp16 conventional-bf16"
+    step quality-nemotron 270 python3 benchmarks/quality.py --checkpoint checkpoints/nemotron_h_small --device cuda --out "$out/quality-nemotron" --configs $configs
+    step quality-qwen 300 python3 benchmarks/quality.py --checkpoint checkpoints/qwen3_5_small --device cuda --out "$out/quality-qwen" --configs $configs
+    ;;
+*)
+    echo "unknown part $part: kernels, hf or quality" >&2
+    exit 2
+    ;;
+esac
