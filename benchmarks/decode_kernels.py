@@ -226,9 +226,10 @@ def _load_fla():
 # ---------------------------------------------------------------------------
 
 
-def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=False, repeats=15, config=None):
-    """One (geometry, batch, window) point; ``config`` overrides the replay launch table (from ``--sweep``)."""
-    from _common import time_graph_per_step
+def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=False, repeats=15, config=None, breakdown=False):
+    """One (geometry, batch, window) point; ``config`` overrides the replay launch table (from ``--sweep``);
+    ``breakdown``: also the kernel time per step by kernel (staggered rows, profiler)."""
+    from _common import kernel_times_per_step, time_graph_per_step
 
     case = Case(geometry, batch, window, device)
     traffic = case.traffic()
@@ -238,6 +239,8 @@ def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=F
         return case.replay_steps(config, via_op=False) if config else case.replay_steps()
 
     row["replay_us"] = time_graph_per_step(replay(), repeats)
+    if breakdown:
+        row["replay_kernels_us"] = kernel_times_per_step(replay())
     if full:
         case.set_phase("in-phase")
         row["replay_inphase_us"] = time_graph_per_step(replay(), repeats)
@@ -386,6 +389,7 @@ def main() -> None:
     ap.add_argument("--windows", nargs="*", type=int, default=list(WINDOWS))
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--sweep", action="store_true", help="time launch configurations at the headline point first")
+    ap.add_argument("--breakdown", action="store_true", help="headline rows: replay kernel time per step by kernel (profiler)")
     ap.add_argument("--headline-only", action="store_true", help="only the batch-256, window-16 table")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU under the Triton interpreter; no timing")
     args = ap.parse_args()
@@ -432,7 +436,10 @@ def main() -> None:
 
     headline = []
     for name, geometry in geometries.items():
-        row = measure_point(name, geometry, HEADLINE_BATCH, HEADLINE_WINDOW, bw, device, fla_fn, full=True, repeats=args.repeats, config=chosen.get(name))
+        row = measure_point(
+            name, geometry, HEADLINE_BATCH, HEADLINE_WINDOW, bw, device, fla_fn, full=True, repeats=args.repeats,
+            config=chosen.get(name), breakdown=args.breakdown,
+        )  # fmt: skip
         headline.append(row)
         log(f"headline {json.dumps(row)}")
     result["headline"] = headline

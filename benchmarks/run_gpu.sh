@@ -25,8 +25,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output
 case $part in
 kernels)
     step kernel-tests 200 python3 -m pytest -q tests/test_triton_mamba2.py tests/test_triton_gdn.py
-    step decode 150 python3 benchmarks/decode_kernels.py --out "$out/decode" --headline-only --sweep --repeats 8
-    step spec 200 python3 benchmarks/spec_kernels.py --out "$out/spec" --sweep --repeats 8
+    step decode 170 python3 benchmarks/decode_kernels.py --out "$out/decode" --headline-only --sweep --breakdown --repeats 8
+    step spec 200 python3 benchmarks/spec_kernels.py --out "$out/spec" --sweep --breakdown --repeats 8
     ;;
 hf)
     step hf-tests 150 python3 -m pytest -q tests/test_hf_cuda.py

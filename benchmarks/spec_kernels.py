@@ -197,14 +197,15 @@ def sweep_verify(geometries: dict, repeats: int, log) -> dict:
     return chosen
 
 
-def measure(name, geometry, batch, T, accept, bw, repeats):
-    from _common import time_graph_per_step
+def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False):
+    from _common import kernel_times_per_step, time_graph_per_step
 
     case = SpecCase(geometry, batch, T, accept)
     case.base.set_phase("staggered")
     cursor0 = case.base.state.cursor.cpu()
     replay_us = time_graph_per_step(case.replay_steps(), repeats)
     snapshot_us = time_graph_per_step(case.snapshot_steps(), repeats)
+    kernels = kernel_times_per_step(case.replay_steps()) if breakdown else None
     per = bytes_per_row(geometry, T, WINDOW)
     # The captured sequence starts from the cursors left by the warm-up pass and the replays; the schedule
     # of the first pass from the staggered start is representative of the steady state.
@@ -220,6 +221,8 @@ def measure(name, geometry, batch, T, accept, bw, repeats):
         "replay_memory_per_request": per["replay_memory"], "snapshot_memory_per_request": per["snapshot_memory"],
         "replay_memory_states": per["replay_memory"] / per["state"], "snapshot_memory_states": per["snapshot_memory"] / per["state"],
     }  # fmt: skip
+    if kernels is not None:
+        row["replay_kernels_us"] = kernels  # per verify step, by kernel: where the replay step's time goes
     row["replay_pct_floor"] = 100 * row["replay_floor_us"] / replay_us
     row["snapshot_pct_floor"] = 100 * row["snapshot_floor_us"] / snapshot_us
     del case
@@ -251,6 +254,7 @@ def main() -> None:
     ap.add_argument("--headline-only", action="store_true")
     ap.add_argument("--accept", nargs="*", default=["half", "all", "random"], choices=["half", "all", "random"])
     ap.add_argument("--sweep", action="store_true", help="time launch configs of a verify step first and use the fastest")
+    ap.add_argument("--breakdown", action="store_true", help="headline rows: kernel time per verify step by kernel (profiler)")
     args = ap.parse_args()
     from _common import format_table, streaming_bandwidth
 
@@ -278,7 +282,7 @@ def main() -> None:
     chosen = sweep_verify(geometries, args.repeats, log) if args.sweep else None
     for name, geometry in geometries.items():
         for accept in args.accept:
-            row = measure(name, geometry, HEADLINE_BATCH, HEADLINE_T, accept, bw, args.repeats)
+            row = measure(name, geometry, HEADLINE_BATCH, HEADLINE_T, accept, bw, args.repeats, breakdown=args.breakdown)
             headline.append(row)
             log(f"headline {json.dumps(row)}")
     if not args.headline_only:
