@@ -34,6 +34,13 @@ Decode is timed as ``--steps`` single-token forwards after a prefill of
 * ``peak_memory_gib``: ``torch.cuda.max_memory_allocated`` over the mode's
   whole run (prefill, warm-up or compilation, timed steps), model weights
   included, in GiB; None on the CPU;
+* ``decode_peak_memory_gib``: the same over the timed decode steps only
+  (peak counter reset after each prefill): what decoding itself needs, next
+  to ``weights_gib`` (parameters), ``kv_cache_gib`` (attention keys/values
+  the cache holds) and ``ssm_state_gib`` (the SSM layers' state: replay
+  checkpoint + ring + cursors as allocated, also for ``conventional``, which
+  reads only the checkpoint; transformers' recurrent states unpatched);
+  conv windows and CUDA-graph pools are in the peak only;
 * ``state_op_share``: kernel time of the recurrent-state op / all kernel time
   of a decode step, not a wall-clock share. Measured after the timing, over
   ``--profile-steps`` extra steps (default: one window, at most ``--steps``,
@@ -215,14 +222,21 @@ def time_decode(
             forward(input_ids=ids[:, pos : pos + 1], position_ids=position, **{kw: cache}, use_cache=True, logits_to_keep=1)
         _sync(device)
 
-    times = []
+    cuda = device.type == "cuda"
+    times, decode_peak, run_peak = [], None, 0
     with torch.no_grad():
         try:
-            for _ in range(repeats + 1):  # the first run warms up (and compiles)
+            for repeat in range(repeats + 1):  # the first run warms up (and compiles)
                 cache = prefill()
+                if cuda:  # the decode steps' own peak, without the prefill's transients (the run's peak kept)
+                    run_peak = max(run_peak, torch.cuda.max_memory_allocated(device))
+                    torch.cuda.reset_peak_memory_stats(device)
                 start = time.perf_counter()
                 decode(cache, steps)
                 times.append(time.perf_counter() - start)
+                if cuda and repeat:
+                    decode_peak = max(decode_peak or 0, torch.cuda.max_memory_allocated(device))
+            held = cache_bytes(cache)
             share = kernel_ms = None
             if profile_steps:  # after the timing, from a fresh prefill: the profiler never runs during a timed step
                 cache = prefill()
@@ -230,10 +244,34 @@ def time_decode(
                 share = state_op_share(kernels)
                 if kernels:
                     kernel_ms = sum(duration for _, duration in kernels) / 1000 / profile_steps
+            if cuda:
+                run_peak = max(run_peak, torch.cuda.max_memory_allocated(device))
         finally:
             if compile_kwargs is not None:
                 replayssm.ops.set_value_checks(previous_checks)
-    return statistics.median(times[1:]) / steps, share, kernel_ms
+    return {
+        "seconds_per_step": statistics.median(times[1:]) / steps, "share": share, "kernel_ms": kernel_ms,
+        "run_peak": run_peak if cuda else None, "decode_peak": decode_peak, **held,
+    }  # fmt: skip
+
+
+def cache_bytes(cache) -> dict:
+    """Bytes the cache holds after a prefill: attention keys/values, and the SSM layers' state (replay:
+    checkpoint + ring + cursors as allocated, also under ``step="conventional"``, which reads only the
+    checkpoint; unpatched: transformers' recurrent states). Conv windows are not counted (small)."""
+    kv = state = 0
+    for layer in getattr(cache, "layers", []):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            kv += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+        replay = getattr(layer, "replay", None)
+        if replay is not None:
+            state += replay.nbytes
+        else:
+            states = getattr(layer, "recurrent_states", None) or {}  # {index: tensor} in transformers' layers
+            for t in states.values() if isinstance(states, dict) else states:
+                state += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+    return {"kv_bytes": kv, "state_bytes": state}
 
 
 #: replayssm's Triton kernels (``_mamba2_main_kernel``, ``_gdn_replay_kernel``, ``_commit_kernel``, ...):
@@ -310,25 +348,33 @@ def measure_mode(
         torch.cuda.reset_peak_memory_stats(device)
     profiled = step != "transformers" and device.type == "cuda"  # stock kernels have no names to attribute
     try:
-        seconds_per_step, share, kernel_ms = time_decode(
+        timed = time_decode(
             model, batch, prompt, steps, repeats, device, compile_kwargs if captured else None, profile_steps if profiled else 0
         )
     finally:
         if captured:  # frees this mode's CUDA graphs and keeps dynamo's recompile limit out of the next mode
             torch._dynamo.reset()
+    gib = lambda b: None if b is None else b / 2**30  # noqa: E731
     return {
-        "tokens_per_s": batch / seconds_per_step,
-        "ms_per_step": 1000 * seconds_per_step,
-        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
-        "state_op_share": share,
-        "kernel_ms_per_step": kernel_ms,
+        "tokens_per_s": batch / timed["seconds_per_step"],
+        "ms_per_step": 1000 * timed["seconds_per_step"],
+        "peak_memory_gib": gib(timed["run_peak"]),
+        "decode_peak_memory_gib": gib(timed["decode_peak"]),
+        "state_op_share": timed["share"],
+        "kernel_ms_per_step": timed["kernel_ms"],
+        "weights_gib": gib(sum(p.numel() * p.element_size() for p in model.parameters())),
+        "kv_cache_gib": gib(timed["kv_bytes"]),
+        "ssm_state_gib": gib(timed["state_bytes"]),
     }
 
 
 #: the per-mode figures of a row, as measure_mode returns them
-FIGURES = ("tokens_per_s", "ms_per_step", "peak_memory_gib", "state_op_share", "kernel_ms_per_step")
+FIGURES = (
+    "tokens_per_s", "ms_per_step", "peak_memory_gib", "decode_peak_memory_gib", "state_op_share", "kernel_ms_per_step",
+    "weights_gib", "kv_cache_gib", "ssm_state_gib",
+)  # fmt: skip
 #: the figures of a mode that raised
-FAILED = dict(zip(FIGURES, (float("nan"), float("nan"), None, None, None)))
+FAILED = dict(zip(FIGURES, (float("nan"), float("nan")) + (None,) * (len(FIGURES) - 2)))
 
 
 def _error_line(err: BaseException) -> str:
@@ -344,7 +390,9 @@ def format_mode(figures: dict) -> str:
     """One mode's figures on one line (the progress lines)."""
     return (
         f"{_cell(figures['tokens_per_s'], '{:.1f}')} tok/s, {_cell(figures['ms_per_step'], '{:.3f}')} ms/step, "
-        f"peak {_cell(figures['peak_memory_gib'], '{:.2f}')} GiB, state ops {_cell(figures['state_op_share'], '{:.1%}')} of kernel time, "
+        f"peak {_cell(figures['peak_memory_gib'], '{:.2f}')} GiB (decode {_cell(figures['decode_peak_memory_gib'], '{:.2f}')}; "
+        f"weights {_cell(figures['weights_gib'], '{:.2f}')}, KV {_cell(figures['kv_cache_gib'], '{:.2f}')}, "
+        f"SSM state {_cell(figures['ssm_state_gib'], '{:.2f}')}), state ops {_cell(figures['state_op_share'], '{:.1%}')} of kernel time, "
         f"kernels {_cell(figures['kernel_ms_per_step'], '{:.3f}')} ms/step"
     )
 
@@ -361,7 +409,7 @@ def format_table(rows: list[dict]) -> str:
     header = (
         ["model", "batch"]
         + [f"{m} {unit}" for m in modes for unit in ("tok/s", "ms")]
-        + [f"{m} GiB" for m in modes]
+        + [f"{m} GiB (decode)" for m in modes]
         + [f"{m} state-op share" for m in share_modes]
         + [f"{m} kernel ms" for m in share_modes]
         + [f"{a}/{b}" for a, b in ratios]
@@ -372,7 +420,7 @@ def format_table(rows: list[dict]) -> str:
         cells = [r["model"], str(r["batch"])]
         for m in modes:
             cells += [_cell(t[m], "{:.1f}", "failed"), _cell(r["ms_per_step"][m], "{:.3f}", "failed")]
-        cells += [_cell(r["peak_memory_gib"][m], "{:.2f}") for m in modes]
+        cells += [f"{_cell(r['peak_memory_gib'][m], '{:.2f}')} ({_cell(r['decode_peak_memory_gib'][m], '{:.2f}')})" for m in modes]
         cells += [_cell(r["state_op_share"][m], "{:.1%}") for m in share_modes]
         cells += [_cell(r["kernel_ms_per_step"][m], "{:.3f}") for m in share_modes]
         cells += [_cell(t[a] / t[b], "{:.2f}x") for a, b in ratios]

@@ -28,12 +28,14 @@ def test_generate_benchmark_smoke(bench, tmp_path, capsys):
     [row] = result["decode"]
     assert row["batch"] == 2
     assert row["errors"] == {}
-    for figure in ("tokens_per_s", "ms_per_step", "peak_memory_gib", "state_op_share", "kernel_ms_per_step", "wall_seconds"):
+    for figure in bench.FIGURES + ("wall_seconds",):
         assert set(row[figure]) == modes, figure
     for mode in modes:
         assert row["ms_per_step"][mode] > 0
         assert row["ms_per_step"][mode] == pytest.approx(1000 * 2 / row["tokens_per_s"][mode], rel=1e-9)
-        assert row["peak_memory_gib"][mode] is None  # CPU
+        assert row["peak_memory_gib"][mode] is None and row["decode_peak_memory_gib"][mode] is None  # CPU
+        assert 0 < row["weights_gib"][mode] < 0.01  # a tiny model
+        assert row["kv_cache_gib"][mode] > 0 and row["ssm_state_gib"][mode] > 0  # one attention layer, GDN layers
         assert row["state_op_share"][mode] is None  # not profiled on the CPU
         assert row["kernel_ms_per_step"][mode] is None
         assert row["wall_seconds"][mode] > 0
