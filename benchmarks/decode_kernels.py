@@ -22,8 +22,11 @@ Prints a table last; writes ``decode_kernels.json`` and ``decode_kernels.png``
 (matplotlib, the ``bench`` extra) into ``--out``. ``--sweep`` first times a
 few launch configurations of the replay main kernel at the headline point (GDN: also
 decoding through verification's three launches) and uses the fastest (to fill
-``replayssm/ops/triton/configs.py`` by hand). ``--dry-run`` runs the step
-plumbing once on tiny sizes under the Triton interpreter (no GPU).
+``replayssm/ops/triton/configs.py`` by hand). Every configuration timed is
+first checked against the PyTorch reference for one step (outputs and state;
+a wrong one fails the run, or is dropped from the sweep). ``--dry-run`` runs
+the step plumbing and those checks on tiny sizes under the Triton
+interpreter (no GPU; CI runs it).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ if "--dry-run" in sys.argv:
 
 import replayssm  # noqa: E402
 from replayssm import GDNGeometry, Mamba2Geometry, decode_traffic  # noqa: E402
+from replayssm.ops import reference  # noqa: E402
 from replayssm.ops.triton import gdn as gdn_kernels  # noqa: E402
 from replayssm.ops.triton import mamba2 as mamba2_kernels  # noqa: E402
 from replayssm.ops.triton.configs import (  # noqa: E402
@@ -71,6 +75,21 @@ HEADLINE_BATCH, HEADLINE_WINDOW = 256, 16
 BATCHES = (1, 8, 32, 64, 128, 256, 512, 1024)
 WINDOWS = (4, 8, 16, 32)
 ACT = torch.bfloat16
+
+
+def _rel_err(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+#: the check of a configuration against the reference (relative RMS): state tensors (fp32 state and
+#: arithmetic on both sides) and outputs (rounded to the bf16 activations: a rounding apart at most)
+CHECK_TOL = {"state": 1e-4, "output": 1e-2}
+
+
+def check_failure(errors: dict) -> str | None:
+    """Why ``check_replay``'s errors fail the check, or None."""
+    bad = [f"{k} {v:.2e}" for k, v in errors.items() if not v <= CHECK_TOL[k]]
+    return "differs from the reference (relative error: " + ", ".join(bad) + ")" if bad else None
 
 
 class Case:
@@ -139,33 +158,64 @@ class Case:
 
     # -- steps ------------------------------------------------------------------------------
 
-    def replay_steps(self, config: LaunchConfig | None = None, via_op: bool = True):
-        st = self.state
-        steps = []
-        for i, inp in enumerate(self.inputs):
-            if self.mamba2:
-                x, dt, B, C, z = inp
-                tensors = (st.checkpoint, st.ring_x, st.ring_B, st.ring_dt, st.ring_logdecay, st.cursor, st.pending)
-                if via_op:
-                    steps.append(lambda x=x, dt=dt, B=B, C=C, z=z: replayssm.ops.mamba2_step(
-                        x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, True, True))
-                else:
-                    y = torch.empty_like(x)
-                    steps.append(lambda x=x, dt=dt, B=B, C=C, z=z, y=y: mamba2_kernels.mamba2_step_out(
-                        x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, True, True, y=y, config=config))
+    def state_args(self, state=None) -> tuple:
+        """The replay state's tensors in the ops' argument order (of ``state``, a dict of copies, if given)."""
+        names = ("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay") if self.mamba2 else ("checkpoint", "ring_k", "ring_d", "ring_g")
+        names += ("cursor", "pending")
+        return tuple(state[n] if state is not None else getattr(self.state, n) for n in names)
+
+    def replay_step(self, inp, config=None, via_op: bool = True, commit: bool = True):
+        """One replay step on ``inp`` (T tokens per row), returning its output: through the op (the launch
+        tables) or, with ``via_op=False``, the launcher with ``config`` (a ``LaunchConfig``, or for GDN a
+        ``GDNThreeLaunches``)."""
+        tensors = self.state_args()
+        if self.mamba2:
+            x, dt, B, C, z = inp
+            if via_op:
+                return replayssm.ops.mamba2_step(x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True)
+            y = torch.empty_like(x)
+            mamba2_kernels.mamba2_step_out(x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True, y=y, config=config)
+            return y
+        if via_op:
+            return replayssm.ops.gdn_step(*inp, *tensors, self.rows, commit, True, None)
+        o = torch.empty_like(inp[2])
+        cfg, launches = (config.config, 3) if isinstance(config, GDNThreeLaunches) else (config, None)
+        gdn_kernels.gdn_step_out(*inp, *tensors, self.rows, commit, True, None, o=o, config=cfg, decode_launches=launches)
+        return o
+
+    def reference_step(self, inp, state: dict, commit: bool = True):
+        """The same step through the PyTorch reference, on ``state`` (a dict of copies of the state's tensors)."""
+        args = self.state_args(state)
+        if self.mamba2:
+            x, dt, B, C, z = inp
+            return reference.mamba2_step(x, dt, self.A, B, C, self.D, self.dt_bias, z, *args, self.rows, commit, True)
+        return reference.gdn_step(*inp, *args, self.rows, commit, True, None)
+
+    def check_replay(self, config=None, inp=None, commit: bool = True, after=None, after_reference=None) -> dict:
+        """Relative errors (RMS) of one replay step against the reference: ``output``, and ``state`` (the
+        worst state tensor; inf if cursors differ), from the current state, which is then restored.
+        ``after`` / ``after_reference`` (``f(state_dict)``), if given, run after the step on the kernels'
+        side and on the reference's (a commit through the op, and through the reference)."""
+        inp = inp if inp is not None else self.inputs[0]
+        saved = {n: t.clone() for n, t in self.state.tensors().items()}
+        theirs = {n: t.clone() for n, t in saved.items()}
+        y = self.replay_step(inp, config, via_op=config is None, commit=commit)
+        y_ref = self.reference_step(inp, theirs, commit)
+        if after is not None:
+            after(self.state.tensors())
+            after_reference(theirs)
+        state_errors = []
+        for name, ours in self.state.tensors().items():
+            if ours.dtype in (torch.int32, torch.int64):
+                state_errors.append(0.0 if torch.equal(ours, theirs[name]) else float("inf"))
             else:
-                q, k, v, g, beta = inp
-                tensors = (st.checkpoint, st.ring_k, st.ring_d, st.ring_g, st.cursor, st.pending)
-                if via_op:
-                    steps.append(lambda inp=inp: replayssm.ops.gdn_step(*inp, *tensors, self.rows, True, True, None))
-                else:
-                    o = torch.empty_like(v)
-                    three = isinstance(config, GDNThreeLaunches)
-                    cfg, launches = (config.config, 3) if three else (config, None)
-                    steps.append(lambda inp=inp, o=o, cfg=cfg, launches=launches: gdn_kernels.gdn_step_out(
-                        *inp, *tensors, self.rows, True, True, None, o=o, config=cfg, decode_launches=launches))
-            del i
-        return steps  # fmt: skip
+                state_errors.append(_rel_err(ours, theirs[name]))
+        for name, t in self.state.tensors().items():
+            t.copy_(saved[name])
+        return {"output": _rel_err(y, y_ref), "state": max(state_errors)}
+
+    def replay_steps(self, config=None, via_op: bool = True):
+        return [lambda inp=inp: self.replay_step(inp, config, via_op) for inp in self.inputs]
 
     def pinned_replay_steps(self, cursor_value: int, count: int, config: LaunchConfig | None = None):
         """``count`` steps, each preceded by resetting every cursor to ``cursor_value`` (a tiny copy kernel)."""
@@ -238,6 +288,9 @@ def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=F
     def replay():
         return case.replay_steps(config, via_op=False) if config else case.replay_steps()
 
+    row["check_rel_err"] = case.check_replay(config)
+    if failure := check_failure(row["check_rel_err"]):
+        raise RuntimeError(f"{name}: the replay step {failure}")
     row["replay_us"] = time_graph_per_step(replay(), repeats)
     if breakdown:
         row["replay_kernels_us"] = kernel_times_per_step(replay())
@@ -298,8 +351,10 @@ def sweep(geometries, device, log) -> tuple[list[dict], dict]:
         case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device, conventional=False)
         for cfg in _sweep_configs(geometry):
             try:
+                if failure := check_failure(case.check_replay(cfg)):
+                    raise RuntimeError(failure)
                 us = time_graph_per_step(case.replay_steps(cfg, via_op=False), repeats=10)
-            except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile, or is wrong, is a result too
                 us = None
                 log(f"sweep {name} {cfg}: {type(exc).__name__}: {exc}")
             out.append({"geometry": name, "kernel": "replay", **cfg.as_dict(), "us": us})
@@ -317,8 +372,24 @@ def dry_run() -> None:
         case = Case(geometry, 3, 4, "cpu")
         for step in case.replay_steps(via_op=False) + case.conventional_steps(via_op=False) + case.replay_steps():
             step()
-        for cfg in _sweep_configs(geometry):
-            case.replay_steps(cfg, via_op=False)[0]()
+        for cfg in [None] + _sweep_configs(geometry):
+            for _ in range(case.window + 1):  # every row flushes once, at its own step
+                failure = check_failure(case.check_replay(cfg))
+                assert failure is None, f"dry run {name} {cfg}: the replay step {failure}"
+                case.replay_step(case.inputs[0], cfg, via_op=cfg is None)
+        # a verify step (T = 2, entries pending) and a commit of 0..2 per row: spec_kernels.py's check
+        pair = tuple(torch.cat(parts, dim=1) for parts in zip(case.inputs[0], case.inputs[1]))
+        accepted = torch.arange(case.batch, device=case.device) % 3
+        main_config = LaunchConfig(16, 1, 2)  # the verification main launch
+        for _ in range(case.window):
+            errors = case.check_replay(
+                main_config, pair, commit=False,
+                after=lambda st: replayssm.ops.commit(st["cursor"], st["pending"], case.rows, accepted),
+                after_reference=lambda st: reference.commit(st["cursor"], st["pending"], case.rows, accepted),
+            )  # fmt: skip
+            assert check_failure(errors) is None, f"dry run {name}: the verify step {check_failure(errors)}"
+            case.replay_step(pair, main_config, via_op=False, commit=False)
+            replayssm.ops.commit(case.state.cursor, case.state.pending, case.rows, accepted)
         cfg = mamba2_replay_config(16, 16) if case.mamba2 else gdn_replay_config(16, 16)
         conv = mamba2_conventional_config(16, 16) if case.mamba2 else gdn_conventional_config(16, 16)
         print(f"dry run {name}: ok (replay {cfg}, conventional {conv}); traffic ratio {case.traffic().ratio:.2f}")

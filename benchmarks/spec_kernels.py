@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import replayssm  # noqa: E402
 from replayssm import GDNGeometry, Mamba2Geometry  # noqa: E402
+from replayssm.ops import reference  # noqa: E402
 from replayssm.ops.triton import gdn as gdn_kernels  # noqa: E402
 from replayssm.ops.triton import mamba2 as mamba2_kernels  # noqa: E402
 
-from decode_kernels import ACT, GEOMETRIES  # noqa: E402
+from decode_kernels import ACT, GEOMETRIES, check_failure  # noqa: E402
 
 WINDOW = 16
 HEADLINE_BATCH, HEADLINE_T = 256, 4
@@ -99,6 +100,15 @@ class SpecCase:
         self.accepted_host = acc
         self.accepted = [a.to("cuda") for a in acc]
         self.snapshots = torch.empty((batch, T) + tuple(self.base.conventional_state.shape[1:]), device="cuda")
+
+    def check(self) -> dict:
+        """The first verify step + commit against the reference (``Case.check_replay``; the state is restored)."""
+        b, accepted = self.base, self.accepted[0]
+        return b.check_replay(
+            None, self.inputs[0], commit=False,
+            after=lambda st: replayssm.ops.commit(st["cursor"], st["pending"], b.rows, accepted),
+            after_reference=lambda st: reference.commit(st["cursor"], st["pending"], b.rows, accepted),
+        )  # fmt: skip
 
     def replay_steps(self):
         b, st = self.base, self.base.state
@@ -180,9 +190,11 @@ def sweep_verify(geometries: dict, repeats: int, log) -> dict:
                 case = SpecCase(geometry, HEADLINE_BATCH, HEADLINE_T, "half")
                 case.base.set_phase("staggered")
                 try:
+                    if failure := check_failure(case.check()):
+                        raise RuntimeError(failure)
                     us = time_graph_per_step(case.replay_steps(), repeats)
-                except Exception as err:  # a config the compiler rejects (registers, shared memory): skip it
-                    log(f"sweep {name} {table_name} {cfg}: failed ({type(err).__name__})")
+                except Exception as err:  # a config the compiler rejects (registers, shared memory), or a wrong one: skip it
+                    log(f"sweep {name} {table_name} {cfg}: failed ({type(err).__name__}: {err})")
                     continue
                 finally:
                     del case
@@ -202,6 +214,9 @@ def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False):
 
     case = SpecCase(geometry, batch, T, accept)
     case.base.set_phase("staggered")
+    check = case.check()
+    if failure := check_failure(check):
+        raise RuntimeError(f"{name}: the verify step {failure}")
     cursor0 = case.base.state.cursor.cpu()
     replay_us = time_graph_per_step(case.replay_steps(), repeats)
     snapshot_us = time_graph_per_step(case.snapshot_steps(), repeats)
@@ -220,6 +235,7 @@ def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False):
         "replay_floor_us": replay_bytes / bw * 1e6, "snapshot_floor_us": snapshot_bytes / bw * 1e6,
         "replay_memory_per_request": per["replay_memory"], "snapshot_memory_per_request": per["snapshot_memory"],
         "replay_memory_states": per["replay_memory"] / per["state"], "snapshot_memory_states": per["snapshot_memory"] / per["state"],
+        "check_rel_err": check,
     }  # fmt: skip
     if kernels is not None:
         row["replay_kernels_us"] = kernels  # per verify step, by kernel: where the replay step's time goes
