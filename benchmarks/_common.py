@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import statistics
-import tempfile
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+from _profile import profiled_kernels
 
 
 @triton.jit
@@ -62,32 +60,22 @@ def time_fn(fn: Callable[[], None], repeats: int = 20, warmup: int = 3) -> float
 def kernel_times_per_step(steps: Sequence[Callable[[], object]], replays: int = 3) -> dict[str, float]:
     """Microseconds per step spent in each CUDA kernel (by name) when ``steps`` run as one CUDA graph.
 
-    From ``torch.profiler`` over ``replays`` replays (kernels inside a graph are traced one by one);
-    where a launch's time goes, not a timing (``time_graph_per_step`` is the timing). Empty when the
-    profiler fails or sees no kernel: it is a side figure and must not stop a benchmark.
+    Where a launch's time goes, not a timing (``time_graph_per_step`` is the timing); empty when the
+    profiler sees no kernel.
     """
-    from torch.profiler import ProfilerActivity, profile
+    graph = capture(steps)
+    graph.replay()
+    torch.cuda.synchronize()
 
-    try:
-        graph = capture(steps)
-        graph.replay()
+    def run() -> None:
+        for _ in range(replays):
+            graph.replay()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-            for _ in range(replays):
-                graph.replay()
-            torch.cuda.synchronize()
-        with tempfile.TemporaryDirectory() as folder:
-            trace = Path(folder) / "trace.json"
-            profiler.export_chrome_trace(str(trace))
-            events = json.loads(trace.read_text())["traceEvents"]
-        del graph
-    except Exception as err:  # noqa: BLE001
-        print(f"kernel times not measured: {type(err).__name__}: {err}", flush=True)
-        return {}
+
     totals: dict[str, float] = {}
-    for event in events:
-        if str(event.get("cat")).lower() == "kernel":
-            totals[event["name"]] = totals.get(event["name"], 0.0) + float(event["dur"])
+    for name, us in profiled_kernels(run):
+        totals[name] = totals.get(name, 0.0) + us
+    del graph
     return {name: us / (replays * len(steps)) for name, us in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 

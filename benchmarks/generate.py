@@ -84,7 +84,7 @@ import math
 import platform
 import re
 import statistics
-import tempfile
+import sys
 import time
 from pathlib import Path
 
@@ -92,6 +92,9 @@ import torch
 
 import replayssm
 from replayssm.integrations.hf import testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _profile import profiled_kernels  # noqa: E402
 
 MODELS = {
     "nemotron_h-like": dict(
@@ -285,27 +288,6 @@ def state_op_share(kernels: list[tuple[str, float]]) -> float | None:
     if not total:
         return None
     return sum(duration for name, duration in kernels if STATE_OP_KERNEL.search(name)) / total
-
-
-def profiled_kernels(run) -> list[tuple[str, float]]:
-    """(name, microseconds) of the CUDA kernels ``run()`` launches, under ``torch.profiler``; empty (and a line saying why) when it cannot tell."""
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-            run()
-        # read from the exported trace: its event categories are the same on every torch version ("Kernel" on old ones)
-        with tempfile.TemporaryDirectory() as folder:
-            trace = Path(folder) / "trace.json"
-            profiler.export_chrome_trace(str(trace))
-            events = json.loads(trace.read_text())["traceEvents"]
-        kernels = [(event["name"], event["dur"]) for event in events if str(event.get("cat")).lower() == "kernel"]
-    except Exception as err:  # the share is a side figure: a profiler problem must not cost the mode's timing
-        print(f"kernel times not measured: {_error_line(err)}", flush=True)
-        return []
-    if not kernels:
-        print("kernel times not measured: the profiler recorded no CUDA kernel", flush=True)
-    return kernels
 
 
 def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: torch.device, lookup: int | None) -> tuple[float, torch.Tensor]:

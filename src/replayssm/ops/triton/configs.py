@@ -100,7 +100,7 @@ def mamba2_flush_config(head_dim: int, state_size: int) -> LaunchConfig:
 
 
 def mamba2_verify_config(head_dim: int, state_size: int) -> LaunchConfig:
-    return _pick(_MAMBA2_VERIFY, head_dim, state_size, loop=True)
+    return _pick(_MAMBA2_VERIFY, head_dim, state_size, loop=False)
 
 
 def mamba2_conventional_config(head_dim: int, state_size: int) -> LaunchConfig:
