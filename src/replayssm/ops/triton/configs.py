@@ -76,6 +76,12 @@ _GDN_VERIFY = {
 _GDN_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=1, num_warps=4),  # 528 us vs 536 for block 32: within noise
 }
+# Where a replay step folds the rows whose ring is full (three-launch form, any T): in the flush launch
+# before the others (False), or inside the main launch's tile programs (True: no flush launch; each
+# program folds its own tile with rank-1 updates and writes it, so exiting programs and a second read of
+# the folded tiles go away). Timed against each other by the kernel benchmarks' --sweep.
+_MAMBA2_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {}
+_GDN_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {}
 _GDN_CONVENTIONAL = {
     (128, 128): LaunchConfig(block=32, split=4, num_warps=8),
 }
@@ -126,3 +132,13 @@ def gdn_conventional_config(value_dim: int, key_dim: int) -> LaunchConfig:
 def gdn_decode_launches(value_dim: int, key_dim: int) -> int:
     """How a GDN decode step (T = 1) runs: 1 = the single replay kernel, 3 = verification's three launches."""
     return _GDN_DECODE_LAUNCHES.get((value_dim, key_dim), 1)
+
+
+def mamba2_fold_in_main(head_dim: int, state_size: int) -> bool:
+    """Whether the Mamba-2 replay step folds full rings inside its main launch (else in a flush launch first)."""
+    return _MAMBA2_FOLD_IN_MAIN.get((head_dim, state_size), False)
+
+
+def gdn_fold_in_main(value_dim: int, key_dim: int) -> bool:
+    """Whether GDN's three-launch step folds full rings inside its main launch (else in a flush launch first)."""
+    return _GDN_FOLD_IN_MAIN.get((value_dim, key_dim), False)
