@@ -68,7 +68,11 @@ One line is printed per mode as it finishes, and ``generate.json`` is
 rewritten after every mode, so a run cut off by a time limit keeps what it
 measured. Then (unless ``--no-assisted``) assisted decoding with prompt lookup
 at batch 1 vs plain greedy (patched replay), tokens/s through ``generate``, on
-a prompt that repeats itself.
+a prompt that repeats itself, and whether both give the same tokens: in the
+benchmark's dtype (bf16: verification computes T tokens in one launch and
+decoding one, so near-tied logits of a random model can round to different
+argmaxes; the first differing position is recorded) and again with the model
+in fp32, where they must be equal.
 
 Prints a markdown table; writes ``generate.json`` (NaN for a failed mode) and
 ``generate.png`` into ``--out``.
@@ -305,7 +309,7 @@ def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: tor
         out = model.generate(prompt, **kwargs)
         _sync(device)
         times.append(time.perf_counter() - start)
-    return new_tokens / statistics.median(times[1:]), out
+    return new_tokens / statistics.median(times[1:] or times), out  # the first run warms up
 
 
 def measure_mode(
@@ -543,9 +547,18 @@ def main(argv: list[str] | None = None) -> None:
             greedy_tps, greedy_out = assisted_tokens_per_second(model, new_tokens, repeats, device, None)
             lookup_tps, lookup_out = assisted_tokens_per_second(model, new_tokens, repeats, device, args.lookup)
             identical = bool(torch.equal(greedy_out, lookup_out))
-            assisted.append({"model": name, "method": "greedy", "tokens_per_s": greedy_tps})
-            assisted.append({"model": name, "method": f"prompt lookup {args.lookup}", "tokens_per_s": lookup_tps, "identical_to_greedy": identical})
             replayssm.unpatch(model)
+            # The same comparison in fp32, where verification and decoding agree to fp32 rounding.
+            replayssm.patch(model.float(), config)
+            _, greedy32 = assisted_tokens_per_second(model, new_tokens, 0, device, None)
+            _, lookup32 = assisted_tokens_per_second(model, new_tokens, 0, device, args.lookup)
+            replayssm.unpatch(model)
+            assisted.append({"model": name, "method": "greedy", "tokens_per_s": greedy_tps})
+            assisted.append({
+                "model": name, "method": f"prompt lookup {args.lookup}", "tokens_per_s": lookup_tps,
+                "identical_to_greedy": identical, "first_difference": _first_difference(greedy_out, lookup_out),
+                "identical_to_greedy_fp32": bool(torch.equal(greedy32, lookup32)),
+            })  # fmt: skip
             save()
         del model
         if device.type == "cuda":
@@ -558,11 +571,22 @@ def main(argv: list[str] | None = None) -> None:
             print(f"failed: {r['model']} batch {r['batch']} {mode}: {error}")
     print()
     for a in assisted:
-        extra = f" (identical to greedy: {a['identical_to_greedy']})" if "identical_to_greedy" in a else ""
+        extra = ""
+        if "identical_to_greedy" in a:
+            extra = f" (identical to greedy: {a['identical_to_greedy']}, first difference at {a['first_difference']}; in fp32: {a['identical_to_greedy_fp32']})"
         print(f"{a['model']:<16} batch 1 {a['method']:<18} {a['tokens_per_s']:>10.1f} tok/s{extra}")
 
     plot(rows, assisted, args.out / "generate.png")
     print(f"wrote {json_path} and {args.out / 'generate.png'}")
+
+
+def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """The first position where two generated sequences differ (None if equal)."""
+    n = min(a.shape[-1], b.shape[-1])
+    differ = (a[..., :n] != b[..., :n]).flatten().nonzero()
+    if len(differ):
+        return int(differ[0])
+    return None if a.shape == b.shape else n
 
 
 def _importable(module: str) -> bool:

@@ -29,9 +29,9 @@ kernels)
     step spec 200 python3 benchmarks/spec_kernels.py --out "$out/spec" --sweep --breakdown --repeats 8
     ;;
 hf)
-    step hf-tests 150 python3 -m pytest -q tests/test_hf_cuda.py
-    step generate-qwen 200 python3 benchmarks/generate.py --out "$out/generate-qwen" --models qwen3_5-like --captured --steps 32 --repeats 3
-    step generate-nemotron 200 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --captured --steps 32 --repeats 3
+    step hf-tests 120 python3 -m pytest -q tests/test_hf_cuda.py
+    step generate-qwen 240 python3 benchmarks/generate.py --out "$out/generate-qwen" --models qwen3_5-like --captured --steps 32 --repeats 3
+    step generate-nemotron 230 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --captured --steps 32 --repeats 3
     ;;
 quality)
     configs="reference replay-fp32 replay-fp16 replay-bf16 conventional-fp32 conventional-fp16 conventional-bf16"

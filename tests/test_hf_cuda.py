@@ -63,3 +63,20 @@ def test_eager_patched_generate_uses_the_kernels_and_matches_fp32_reference():
         tokens, logits = testing.generate_with_logits(model, ids, mask, NEW_TOKENS, do_sample=False)
         assert torch.equal(tokens, ref_tokens), model_type
         torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_assisted_prompt_lookup_is_exact_fp32():
+    """Verification on the GPU (the T > 1 Triton launches) under generate(): prompt lookup on patched fp32
+    models returns the unpatched model's greedy tokens, with drafts both accepted and rolled back."""
+    from replayssm.integrations.hf import ReplayLayerMixin
+
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]], device="cuda")
+    for model_type in ("nemotron_h", "qwen3_5"):
+        model = testing.tiny_model(model_type).to("cuda")
+        kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+        expected = model.generate(prompt, **kwargs)
+        replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW))
+        out = model.generate(prompt, prompt_lookup_num_tokens=3, return_dict_in_generate=True, **kwargs)
+        assert torch.equal(out.sequences, expected), f"{model_type}: prompt lookup differs from greedy"
+        cache = testing.output_cache(out)
+        assert sum(layer.rolled_back for layer in cache.layers if isinstance(layer, ReplayLayerMixin)) > 0, model_type
