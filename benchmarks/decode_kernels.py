@@ -167,20 +167,26 @@ class Case:
     def replay_step(self, inp, config=None, via_op: bool = True, commit: bool = True):
         """One replay step on ``inp`` (T tokens per row), returning its output: through the op (the launch
         tables) or, with ``via_op=False``, the launcher with ``config`` (a ``LaunchConfig``, or for GDN a
-        ``GDNThreeLaunches``)."""
+        ``StepVariant``)."""
         tensors = self.state_args()
+        variant = config if isinstance(config, StepVariant) else StepVariant(config)
         if self.mamba2:
             x, dt, B, C, z = inp
             if via_op:
                 return replayssm.ops.mamba2_step(x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True)
             y = torch.empty_like(x)
-            mamba2_kernels.mamba2_step_out(x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True, y=y, config=config)
+            mamba2_kernels.mamba2_step_out(
+                x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True, y=y, config=variant.config,
+                fold_in_main=variant.fold_in_main,
+            )  # fmt: skip
             return y
         if via_op:
             return replayssm.ops.gdn_step(*inp, *tensors, self.rows, commit, True, None)
         o = torch.empty_like(inp[2])
-        cfg, launches = (config.config, 3) if isinstance(config, GDNThreeLaunches) else (config, None)
-        gdn_kernels.gdn_step_out(*inp, *tensors, self.rows, commit, True, None, o=o, config=cfg, decode_launches=launches)
+        gdn_kernels.gdn_step_out(
+            *inp, *tensors, self.rows, commit, True, None, o=o, config=variant.config, decode_launches=variant.launches,
+            fold_in_main=variant.fold_in_main,
+        )  # fmt: skip
         return o
 
     def reference_step(self, inp, state: dict, commit: bool = True):
@@ -317,23 +323,33 @@ def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=F
 
 
 @dataclass(frozen=True)
-class GDNThreeLaunches:
-    """A GDN decode step through verification's three launches (``decode_launches=3``); ``config`` is its main launch's."""
+class StepVariant:
+    """A replay step launched otherwise than its tables say: ``config`` is the main launch's (GDN's single
+    kernel's); ``launches=3``: a GDN decode step through verification's three launches; ``fold_in_main``:
+    full rings folded inside the main launch (no flush launch). None: the table's choice."""
 
-    config: LaunchConfig
+    config: LaunchConfig | None
+    launches: int | None = None
+    fold_in_main: bool | None = None
 
     def as_dict(self) -> dict:
-        return {**self.config.as_dict(), "launches": 3}
+        return {**(self.config.as_dict() if self.config else {}), "launches": self.launches, "fold_in_main": self.fold_in_main}
 
 
-# Replay T = 1 candidates. Mamba-2: its main launch (split 64: one tile per program at these sizes);
-# GDN: its single replay kernel (block >= 16, the fold is a tl.dot), and the three launches with the
-# main-launch shapes that won for verification (one small tile per 1- or 2-warp program).
+# Replay T = 1 candidates. Mamba-2: its main launch (split 64: one tile per program at these sizes), with
+# the fold in the flush launch or in the main launch; GDN: its single replay kernel (block >= 16, the fold
+# is a tl.dot), and the three launches with the main-launch shapes that won for verification (one small
+# tile per 1- or 2-warp program), again with the fold in either place.
 SWEEP_REPLAY = {
-    "mamba2": [LaunchConfig(8, 64, 1), LaunchConfig(16, 64, 1), LaunchConfig(16, 64, 2), LaunchConfig(32, 64, 4)],
+    "mamba2": [
+        LaunchConfig(8, 64, 1), LaunchConfig(16, 64, 1), LaunchConfig(16, 64, 2), LaunchConfig(32, 64, 4),
+        StepVariant(LaunchConfig(8, 64, 1), fold_in_main=True), StepVariant(LaunchConfig(16, 64, 1), fold_in_main=True),
+    ],
     "gdn": [
         LaunchConfig(16, 1, 2), LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2),
-        GDNThreeLaunches(LaunchConfig(8, 64, 1)), GDNThreeLaunches(LaunchConfig(16, 64, 1)), GDNThreeLaunches(LaunchConfig(16, 64, 2)),
+        StepVariant(LaunchConfig(8, 64, 1), 3, False), StepVariant(LaunchConfig(16, 64, 1), 3, False),
+        StepVariant(LaunchConfig(16, 64, 2), 3, False),
+        StepVariant(LaunchConfig(8, 64, 1), 3, True), StepVariant(LaunchConfig(16, 64, 1), 3, True),
     ],
 }
 

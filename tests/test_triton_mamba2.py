@@ -72,9 +72,14 @@ def _gen():
     return torch.Generator().manual_seed(1234)
 
 
+# Where full rings are folded: in the flush launch before the others, or inside the main launch.
+FOLD = pytest.mark.parametrize("fold_in_main", [False, True], ids=["fold-launch", "fold-in-main"])
+
+
 @pytest.mark.parametrize("device", DEVICES)
+@FOLD
 @pytest.mark.parametrize("dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt", CASES)
-def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt, device):
+def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt, fold_in_main, device):
     """>= 3 window cycles, rows at different ring positions, outputs poisoned before each kernel call."""
     batch, heads, head_dim, state_size, groups, window = dims
     gen = _gen()
@@ -89,7 +94,7 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol
         flushes += int((ours[5][rows] == window).sum())
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y)
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, fold_in_main=fold_in_main)
         assert rel_err(y, y_ref) < tol_out
         assert rel_err(ours[0], theirs[0]) < tol_ckpt
         for name, a, b in zip(("ring_x", "ring_B", "ring_dt", "ring_logdecay"), ours[1:5], theirs[1:5]):
@@ -122,12 +127,15 @@ def test_replay_step_without_optional_inputs_and_uncommitted(device):
         assert rel_err(ours[1], theirs[1]) < 1e-6 and rel_err(ours[4], theirs[4]) < 1e-6
 
 
-# (main kernel config, flush kernel config); the flush kernel's fold is a tl.dot: block >= 16
+# (main kernel config, flush kernel config or None: fold in the main launch); the flush kernel's
+# fold is a tl.dot: block >= 16
 VARIANTS = [
     pytest.param(LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2), id="block32-split1"),
     pytest.param(LaunchConfig(16, 2, 2), LaunchConfig(32, 1, 4), id="block16-split2"),
     pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4), id="block8-one-tile-per-program"),
     pytest.param(LaunchConfig(16, 3, 1), LaunchConfig(16, 1, 4), id="block16-1warp-one-tile-per-program"),
+    pytest.param(LaunchConfig(8, 6, 1), None, id="block8-one-tile-per-program-fold-in-main"),
+    pytest.param(LaunchConfig(16, 1, 2), None, id="block16-split1-fold-in-main"),
 ]
 
 
@@ -146,14 +154,18 @@ def test_replay_step_launch_variants(config, flush_config, device):
         x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=T)
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, config=config, flush_config=flush_config)
+        kernels.mamba2_step_out(
+            x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, config=config, flush_config=flush_config,
+            fold_in_main=flush_config is None,
+        )
         assert rel_err(y, y_ref) < 1e-5
         for a, b in zip(ours, theirs):
             assert rel_err(a, b) < 1e-5
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_replay_checkpoint_tracks_float64_recurrence(device):
+@FOLD
+def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, device):
     """fp32 checkpoint within 1e-5 of the float64 recurrence after every flush; outputs likewise."""
     batch, heads, head_dim, state_size, groups, window = 3, 2, 80, 48, 1, 5
     gen = _gen()
@@ -172,7 +184,7 @@ def test_replay_checkpoint_tracks_float64_recurrence(device):
         before = naive.state.clone()
         flushing = (state[5] == window).cpu()
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *state, rows, True, True, y=y)
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *state, rows, True, True, y=y, fold_in_main=fold_in_main)
         for r in range(batch):
             y_r, naive.state[r] = naive.token(r, cpu(x[r, 0]), cpu(dt[r, 0]), cpu(A), cpu(B[r, 0]), cpu(C[r, 0]), cpu(D), cpu(dt_bias), cpu(z[r, 0]))
             assert rel_err(y[r, 0].cpu(), y_r) < 1e-5
@@ -183,7 +195,8 @@ def test_replay_checkpoint_tracks_float64_recurrence(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_verify_commit_tracks_float64_recurrence(device):
+@FOLD
+def test_verify_commit_tracks_float64_recurrence(fold_in_main, device):
     """T = 2..4 tokens per launch, each row with its own number of real drafts (1..T; the rest is
     padding, never accepted), random accepted counts: outputs and materialize() vs the float64
     recurrence over accepted tokens only; ring, checkpoint and cursors vs the reference, across flushes."""
@@ -205,7 +218,7 @@ def test_verify_commit_tracks_float64_recurrence(device):
         flushes += int((ours[5][rows] + T > window).sum())
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, False, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y)
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y, fold_in_main=fold_in_main)
         assert rel_err(y, y_ref) < 1e-5
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
         accepted = (torch.rand(batch, generator=gen) * (drafts + 1)).long().clamp(max=drafts).to(device)

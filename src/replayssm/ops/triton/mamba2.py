@@ -20,6 +20,12 @@ SPEC §2-3), three launches:
    the cursor (and, for verification, records T pending entries): nothing
    in this launch reads it.
 
+With ``fold_in_main`` (table ``_MAMBA2_FOLD_IN_MAIN``) launch 1 is not run: launch 2 comes first and
+also writes a folding row's fold weights and a copy of its ring B (which its append overwrites), and
+launch 3's tile programs of that row fold the ring into their tile (rank-1 updates), write it and
+carry on as if the ring were empty. No program exists only to read a cursor and exit, and a folded
+tile is read once.
+
 Launches are ordered, which is the only synchronisation needed: each ring
 position and the cursor change only in a launch after every reader of them.
 Everything is read on the device (no host synchronisation); the only
@@ -36,7 +42,14 @@ from torch import Tensor
 
 from .. import reference
 from .common import device_context, fold_store_tile, fold_tile, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
-from .configs import LaunchConfig, mamba2_conventional_config, mamba2_flush_config, mamba2_replay_config, mamba2_verify_config
+from .configs import (
+    LaunchConfig,
+    mamba2_conventional_config,
+    mamba2_flush_config,
+    mamba2_fold_in_main,
+    mamba2_replay_config,
+    mamba2_verify_config,
+)
 
 
 @triton.jit
@@ -124,7 +137,7 @@ def _mamba2_flush_kernel(
 @triton.jit
 def _mamba2_weights_kernel(
     p_dt, p_A, p_B, p_C, p_D, p_dt_bias,
-    p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows, p_w, p_pos,
+    p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows, p_w, p_pos, p_fold_w, p_fold_B,
     s_dt_b, s_dt_t, s_dt_h,
     s_B_b, s_B_t, s_B_g, s_B_n,
     s_C_b, s_C_t, s_C_g, s_C_n,
@@ -132,8 +145,10 @@ def _mamba2_weights_kernel(
     s_rdt_s, s_rdt_l, s_rdt_h,
     s_rld_s, s_rld_l, s_rld_h,
     s_w_b, s_w_h, s_w_t,
+    s_fw_b, s_fw_h,
+    s_fB_b, s_fB_g, s_fB_l,
     N, L, heads_per_group,
-    T: tl.constexpr,
+    T: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
@@ -147,6 +162,11 @@ def _mamba2_weights_kernel(
     formed once per group. Then the entry parts every tile reads (B, dt, dt*A) of token t go to
     ring position c + t, and ``pos[b]`` gets c, or -1 for a T = 1 row that launch 1 folded (it has
     its output). Positions >= c are read by no program of this launch; launch 3 moves the cursor.
+
+    ``FOLD_IN_MAIN`` (no launch 1; this launch runs first): a row whose ring is full also gets its
+    fold weights ``exp(G_i) dt_i`` (per head, entries < cursor) and the fold decay into ``fold_w[b, h]``
+    and its ring B entries copied to ``fold_B[b, g]`` before the append overwrites them; ``pos[b]``
+    gets ``-1 - cursor`` (the main launch folds that many entries into each tile, then uses c = 0).
     """
     i_g, i_b = tl.program_id(0), tl.program_id(1)
     i_g64, i_b64 = i_g.to(tl.int64), i_b.to(tl.int64)
@@ -154,6 +174,8 @@ def _mamba2_weights_kernel(
     cur = tl.load(p_cursor + slot)
     flush = cur + T > L
     c_eff = tl.where(flush, 0, cur)
+    # Ring entries read: those the outputs use (< c), and with FOLD_IN_MAIN also a folding row's whole history.
+    n_read = cur if FOLD_IN_MAIN else c_eff
     o_n = tl.arange(0, BLOCK_N)
     o_l = tl.arange(0, BLOCK_L)
     o_j = tl.arange(0, BLOCK_J)
@@ -162,6 +184,7 @@ def _mamba2_weights_kernel(
     m_j = o_j < heads_per_group
     m_t = o_t < T
     m_ring = o_l < c_eff
+    m_read = o_l < n_read
     o_h = (i_g * heads_per_group + o_j).to(tl.int64)
     m_jt = m_j[:, None] & m_t[None, :]
     # The new tokens' dt and log-decays, (heads, tokens).
@@ -177,18 +200,31 @@ def _mamba2_weights_kernel(
     # The committed ring: B (entries, state), dt and log-decay (heads, entries).
     b_rB = tl.load(
         p_ring_B + slot * s_rB_s + i_g64 * s_rB_g + o_l[:, None] * s_rB_l + o_n[None, :] * s_rB_n,
-        mask=m_ring[:, None] & m_n[None, :], other=0.0,
+        mask=m_read[:, None] & m_n[None, :], other=0.0,
     ).to(tl.float32)
     m_jl = m_j[:, None] & m_ring[None, :]
-    b_rld = tl.load(p_ring_ld + slot * s_rld_s + o_l[None, :] * s_rld_l + o_h[:, None] * s_rld_h, mask=m_jl, other=0.0).to(tl.float32)
-    b_rdt = tl.load(p_ring_dt + slot * s_rdt_s + o_l[None, :] * s_rdt_l + o_h[:, None] * s_rdt_h, mask=m_jl, other=0.0).to(tl.float32)
+    m_jr = m_j[:, None] & m_read[None, :]
+    b_rld = tl.load(p_ring_ld + slot * s_rld_s + o_l[None, :] * s_rld_l + o_h[:, None] * s_rld_h, mask=m_jr, other=0.0).to(tl.float32)
+    b_rdt = tl.load(p_ring_dt + slot * s_rdt_s + o_l[None, :] * s_rdt_l + o_h[:, None] * s_rdt_h, mask=m_jr, other=0.0).to(tl.float32)
     # suffix[j, i] = sum_{m > i} l[j, m]: direct segment sums per head (no difference of cumulative sums)
     b_suffix = tl.sum(tl.where(o_l[None, None, :] > o_l[None, :, None], b_rld[:, None, :], 0.0), axis=2)
-    b_ring_total = tl.sum(b_rld, axis=1)
+    b_read_total = tl.sum(b_rld, axis=1)
+    b_ring_total = tl.where(flush, 0.0, b_read_total)  # the outputs' checkpoint decay: a folded ring is in the checkpoint
+    p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
+    if FOLD_IN_MAIN:
+        if flush:
+            # The fold's weights exp(G_i) dt_i and decay per head, and the B entries the append overwrites.
+            p_fw_rows = p_fold_w + i_b64 * s_fw_b + o_h * s_fw_h
+            tl.store(p_fw_rows[:, None] + o_l[None, :], tl.exp(b_suffix) * b_rdt, mask=m_jr)
+            tl.store(p_fw_rows + L, tl.exp(b_read_total), mask=m_j)
+            tl.store(
+                p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g + o_l[:, None] * s_fB_l + o_n[None, :], b_rB,
+                mask=m_read[:, None] & m_n[None, :],
+            )
+        tl.debug_barrier()  # every thread has read the old entries before the append below overwrites them
     p_B_row = p_B + i_b64 * s_B_b + i_g64 * s_B_g
     p_C_row = p_C + i_b64 * s_C_b + i_g64 * s_C_g
     b_Bn = tl.load(p_B_row + o_t[:, None] * s_B_t + o_n[None, :] * s_B_n, mask=m_t[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-    p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
     for t in tl.static_range(T):
         b_C_t = tl.load(p_C_row + t * s_C_t + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
         b_bc_ring = tl.sum(b_rB * b_C_t[None, :], axis=1)  # (entries,)
@@ -215,7 +251,9 @@ def _mamba2_weights_kernel(
         b_ld_t = tl.sum(tl.where(o_t[None, :] == t, b_ld, 0.0), axis=1)
         tl.store(p_ring_dt + slot * s_rdt_s + pos_t * s_rdt_l + o_h * s_rdt_h, b_dt_t, mask=m_j)
         tl.store(p_ring_ld + slot * s_rld_s + pos_t * s_rld_l + o_h * s_rld_h, b_ld_t, mask=m_j)
-    if T == 1:
+    if FOLD_IN_MAIN:
+        b_pos = tl.where(flush, -1 - cur, c_eff)
+    elif T == 1:
         b_pos = tl.where(flush, -1, c_eff)
     else:
         b_pos = c_eff
@@ -224,7 +262,7 @@ def _mamba2_weights_kernel(
 
 @triton.jit
 def _mamba2_main_kernel(
-    p_x, p_C, p_z, p_y, p_ckpt, p_ring_x, p_cursor, p_pending, p_rows, p_w, p_pos,
+    p_x, p_C, p_z, p_y, p_ckpt, p_ring_x, p_cursor, p_pending, p_rows, p_w, p_pos, p_fold_w, p_fold_B,
     s_x_b, s_x_t, s_x_h, s_x_p,
     s_C_b, s_C_t, s_C_g, s_C_n,
     s_z_b, s_z_t, s_z_h, s_z_p,
@@ -232,21 +270,32 @@ def _mamba2_main_kernel(
     s_ck_s, s_ck_h, s_ck_p, s_ck_n,
     s_rx_s, s_rx_l, s_rx_h, s_rx_p,
     s_w_b, s_w_h, s_w_t,
+    s_fw_b, s_fw_h,
+    s_fB_b, s_fB_g, s_fB_l,
     P, N, L, heads_per_group,
-    T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Launch 3, shaped like the conventional kernel: per state tile, the T outputs
     ``y_t = decay_t S C_t + sum_i w_ti x_i + sum_{s <= t} w'_ts x_s`` from one read of the tile, the
     ring's x slice and the new x; writes the y and the tile's x entries, never the state; moves the
-    cursor (once per row). T = 1 rows that launch 1 folded only get their x entry."""
+    cursor (once per row). T = 1 rows that launch 1 folded only get their x entry.
+
+    ``FOLD_IN_MAIN`` (no launch 1): a row with ``pos = -1 - n`` first folds its n ring entries into
+    the tile, ``S <- decay S + sum_i (exp(G_i) dt_i x_i) B_i^T`` by rank-1 updates in fp32 (the tile
+    is too small for a ``tl.dot``; the weights and B come from launch 2's fold scratch), writes the
+    tile (the step's only state write) and continues from it as stored, with an empty ring."""
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_g = i_h // heads_per_group
     i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
     pos = tl.load(p_pos + i_b)
-    live = pos >= 0  # False only for a T = 1 row folded by launch 1 (which wrote its output)
+    if FOLD_IN_MAIN:
+        live = True
+        n_fold = -1 - pos  # entries to fold first (< 0: none)
+    else:
+        live = pos >= 0  # False only for a T = 1 row folded by launch 1 (which wrote its output)
     c_eff = tl.maximum(pos, 0)
     first = (i_s == 0) & (i_h == 0)
     if COMMIT:
@@ -275,9 +324,21 @@ def _mamba2_main_kernel(
         o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
         m_p = o_p < P
         m_out = tl.where(live, m_p, False)  # (m_p & live: a bool scalar in a mask trips the interpreter)
-        b_S = tl.load(
-            p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n, mask=m_out[:, None] & m_n[None, :], other=0.0
-        ).to(tl.float32)
+        p_tile = p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n
+        b_S = tl.load(p_tile, mask=m_out[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+        if FOLD_IN_MAIN:
+            if n_fold >= 0:
+                p_fw = p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h
+                p_fB = p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g
+                b_S = b_S * tl.load(p_fw + L)
+                for i in range(0, n_fold):
+                    b_xi = tl.load(p_ring_row_x + i * s_rx_l + o_p * s_rx_p, mask=m_p, other=0.0).to(tl.float32)
+                    b_Bi = tl.load(p_fB + i * s_fB_l + o_n, mask=m_n, other=0.0)
+                    b_S += (tl.load(p_fw + i) * b_xi)[:, None] * b_Bi[None, :]
+                b_S_stored = b_S.to(p_ckpt.dtype.element_ty)
+                tl.store(p_tile, b_S_stored, mask=m_p[:, None] & m_n[None, :])
+                b_S = b_S_stored.to(tl.float32)
+                tl.debug_barrier()  # the x entries just read are overwritten below, by other threads
         b_rx = tl.load(
             p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_ring[:, None] & m_p[None, :], other=0.0
         ).to(tl.float32)
@@ -390,13 +451,14 @@ def mamba2_step_out(
     x, dt, A, B, C, D, dt_bias, z,
     checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending,
     rows, commit: bool, dt_softplus: bool, y: Tensor, config: LaunchConfig | None = None,
-    flush_config: LaunchConfig | None = None,
+    flush_config: LaunchConfig | None = None, fold_in_main: bool | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``y``; see ``replayssm.ops.mamba2_step``.
 
     Three launches for any T: ``_mamba2_flush_kernel`` (``flush_config``), ``_mamba2_weights_kernel``,
     ``_mamba2_main_kernel`` (``config``; default from the replay table for T = 1, the verify table
-    for T > 1).
+    for T > 1). ``fold_in_main`` (default from ``mamba2_fold_in_main``): no flush launch; the main
+    launch folds full rings tile by tile.
     """
     batch, num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[2], B.shape[3]
@@ -406,6 +468,15 @@ def mamba2_step_out(
     # Per-call scratch (like the output): the main launch's per-(row, head, token) weights and each row's ring position.
     weights = torch.empty(batch, heads, num_tokens, window + 1 + num_tokens, dtype=torch.float32, device=x.device)
     pos = torch.empty(batch, dtype=torch.int32, device=x.device)
+    if fold_in_main is None:
+        fold_in_main = mamba2_fold_in_main(head_dim, state_size)
+    # The fold's scratch (FOLD_IN_MAIN): per-head weights and decay, and the B entries the append overwrites.
+    fold_w = torch.empty(batch, heads, window + 1, dtype=torch.float32, device=x.device) if fold_in_main else None
+    fold_B = torch.empty(batch, groups, window, state_size, dtype=torch.float32, device=x.device) if fold_in_main else None
+    fold_strides = dict(
+        **dict(zip(("s_fw_b", "s_fw_h"), _strides(fold_w, 3)[:2])),
+        **dict(zip(("s_fB_b", "s_fB_g", "s_fB_l"), _strides(fold_B, 4)[:3])),
+    )  # fmt: skip
     x1, dt1, B1, C1, y1 = x[:, 0], dt[:, 0], B[:, 0], C[:, 0], y[:, 0]
     z1 = z[:, 0] if z is not None else None
     ring_strides = dict(
@@ -417,33 +488,35 @@ def mamba2_step_out(
     fcfg = flush_config or mamba2_flush_config(head_dim, state_size)
     num_tiles, split = _tiles(head_dim, fcfg)
     with device_context(x):
-        _mamba2_flush_kernel[(split, heads, batch)](
-            p_x=x1, p_dt=dt1, p_A=A, p_B=B1, p_C=C1, p_D=D, p_dt_bias=dt_bias, p_z=z1, p_y=y1,
-            p_ckpt=checkpoint, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay,
-            p_cursor=cursor, p_rows=rows,
-            s_x_b=x1.stride(0), s_x_h=x1.stride(1), s_x_p=x1.stride(2),
-            s_dt_b=dt1.stride(0), s_dt_h=dt1.stride(1),
-            s_B_b=B1.stride(0), s_B_g=B1.stride(1), s_B_n=B1.stride(2),
-            s_C_b=C1.stride(0), s_C_g=C1.stride(1), s_C_n=C1.stride(2),
-            **dict(zip(("s_z_b", "s_z_h", "s_z_p"), _strides(z1, 3))),
-            s_y_b=y1.stride(0), s_y_h=y1.stride(1), s_y_p=y1.stride(2),
-            **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
-            **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
-            **ring_strides,
-            P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, HAS_Z=z is not None, **flags,
-            BLOCK_P=fcfg.block, BLOCK_N=block_n, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
-            num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
-        )  # fmt: skip
+        if not fold_in_main:
+            _mamba2_flush_kernel[(split, heads, batch)](
+                p_x=x1, p_dt=dt1, p_A=A, p_B=B1, p_C=C1, p_D=D, p_dt_bias=dt_bias, p_z=z1, p_y=y1,
+                p_ckpt=checkpoint, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay,
+                p_cursor=cursor, p_rows=rows,
+                s_x_b=x1.stride(0), s_x_h=x1.stride(1), s_x_p=x1.stride(2),
+                s_dt_b=dt1.stride(0), s_dt_h=dt1.stride(1),
+                s_B_b=B1.stride(0), s_B_g=B1.stride(1), s_B_n=B1.stride(2),
+                s_C_b=C1.stride(0), s_C_g=C1.stride(1), s_C_n=C1.stride(2),
+                **dict(zip(("s_z_b", "s_z_h", "s_z_p"), _strides(z1, 3))),
+                s_y_b=y1.stride(0), s_y_h=y1.stride(1), s_y_p=y1.stride(2),
+                **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
+                **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
+                **ring_strides,
+                P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, HAS_Z=z is not None, **flags,
+                BLOCK_P=fcfg.block, BLOCK_N=block_n, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
+                num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
+            )  # fmt: skip
         _mamba2_weights_kernel[(groups, batch)](
             p_dt=dt, p_A=A, p_B=B, p_C=C, p_D=D, p_dt_bias=dt_bias,
             p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay, p_cursor=cursor, p_rows=rows,
-            p_w=weights, p_pos=pos,
+            p_w=weights, p_pos=pos, p_fold_w=fold_w, p_fold_B=fold_B,
             **dict(zip(("s_dt_b", "s_dt_t", "s_dt_h"), dt.stride())),
             **dict(zip(("s_B_b", "s_B_t", "s_B_g", "s_B_n"), B.stride())),
             **dict(zip(("s_C_b", "s_C_t", "s_C_g", "s_C_n"), C.stride())),
             **ring_strides,
             **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
-            N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, **flags,
+            **fold_strides,
+            N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, FOLD_IN_MAIN=fold_in_main, **flags,
             BLOCK_J=next_pow2(heads_per_group), BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t,
             num_warps=4,
         )  # fmt: skip
@@ -452,7 +525,7 @@ def mamba2_step_out(
         num_tiles, split = _tiles(head_dim, config)
         _mamba2_main_kernel[(split, heads, batch)](
             p_x=x, p_C=C, p_z=z, p_y=y, p_ckpt=checkpoint, p_ring_x=ring_x,
-            p_cursor=cursor, p_pending=pending, p_rows=rows, p_w=weights, p_pos=pos,
+            p_cursor=cursor, p_pending=pending, p_rows=rows, p_w=weights, p_pos=pos, p_fold_w=fold_w, p_fold_B=fold_B,
             **dict(zip(("s_x_b", "s_x_t", "s_x_h", "s_x_p"), x.stride())),
             **dict(zip(("s_C_b", "s_C_t", "s_C_g", "s_C_n"), C.stride())),
             **dict(zip(("s_z_b", "s_z_t", "s_z_h", "s_z_p"), _strides(z, 4))),
@@ -460,8 +533,9 @@ def mamba2_step_out(
             **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
             **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
             **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
+            **fold_strides,
             P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group,
-            T=num_tokens, COMMIT=commit, HAS_Z=z is not None,
+            T=num_tokens, COMMIT=commit, HAS_Z=z is not None, FOLD_IN_MAIN=fold_in_main,
             BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
