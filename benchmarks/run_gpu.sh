@@ -1,7 +1,8 @@
 #!/bin/bash
 # One GPU session's runs, in parts that each fit a 10-minute call; every part writes under OUT.
 #
-#   bash benchmarks/run_gpu.sh kernels OUT   # CUDA tests of the kernels, decode (--sweep) and spec tables
+#   bash benchmarks/run_gpu.sh kernels OUT   # CUDA tests of the kernels, decode and spec headline tables (--sweep)
+#   bash benchmarks/run_gpu.sh sweeps OUT    # decode batch/window and spec T/batch sweeps
 #   bash benchmarks/run_gpu.sh hf OUT        # CUDA tests of the HF path, generate.py (all modes, batches, assisted)
 #   bash benchmarks/run_gpu.sh quality OUT   # quality.py on both checkpoints
 #
@@ -10,7 +11,7 @@
 # has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
 # JSON go to OUT/<step>/ as they are written.
 set -u
-part=${1:?part: kernels, hf or quality}
+part=${1:?part: kernels, sweeps, hf or quality}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -25,8 +26,12 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output
 case $part in
 kernels)
     step kernel-tests 200 python3 -m pytest -q tests/test_triton_mamba2.py tests/test_triton_gdn.py
-    step decode 170 python3 benchmarks/decode_kernels.py --out "$out/decode" --headline-only --sweep --breakdown --repeats 8
-    step spec 200 python3 benchmarks/spec_kernels.py --out "$out/spec" --sweep --breakdown --repeats 8
+    step decode 210 python3 benchmarks/decode_kernels.py --out "$out/decode" --headline-only --sweep --breakdown --repeats 8
+    step spec 180 python3 benchmarks/spec_kernels.py --out "$out/spec" --headline-only --sweep --breakdown --accept half all --repeats 8
+    ;;
+sweeps)  # the batch / window / T sweeps with the launch tables as they are
+    step decode-sweeps 280 python3 benchmarks/decode_kernels.py --out "$out/decode-sweeps" --repeats 5
+    step spec-sweeps 300 python3 benchmarks/spec_kernels.py --out "$out/spec-sweeps" --repeats 5
     ;;
 hf)
     step hf-tests 120 python3 -m pytest -q tests/test_hf_cuda.py
@@ -39,7 +44,7 @@ quality)
     step quality-qwen 300 python3 benchmarks/quality.py --checkpoint checkpoints/qwen3_5_small --device cuda --out "$out/quality-qwen" --configs $configs
     ;;
 *)
-    echo "unknown part $part: kernels, hf or quality" >&2
+    echo "unknown part $part: kernels, sweeps, hf or quality" >&2
     exit 2
     ;;
 esac
