@@ -4,7 +4,8 @@ The captured path is ``patch(model, compile=True)``: transformers' static
 cache and its compiled decode step, inductor with mode "reduce-overhead", so
 every decode step after the first is a CUDA-graph replay. What must hold:
 bf16 greedy tokens equal to the eager patched path (same kernels, no graph),
-no fallback to eager, and CUDA graphs actually used (inductor skipped none).
+no fallback to eager, and CUDA graphs actually used (inductor skipped none);
+and a real capture failure (a host read inside the step) falls back to eager.
 """
 
 import warnings
@@ -51,6 +52,34 @@ def test_captured_greedy_equals_eager_patched_bf16(model_type):
                 torch.testing.assert_close(logits.float(), ref_logits.float(), atol=0.05, rtol=0.05)
     assert model._replayssm.compile_failure is None
     assert counters["inductor"]["cudagraph_skips"] == 0, "inductor ran the decode step without CUDA graphs"
+
+
+@torch.library.custom_op("replayssm_test::host_read", mutates_args=())
+def _host_read(x: torch.Tensor) -> torch.Tensor:
+    x.sum().item()  # fine eagerly and in inductor's warmup run; not allowed while a stream is capturing
+    return x.clone()
+
+
+@_host_read.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_capture_failure_falls_back_to_eager_patched(monkeypatch):
+    """Not yet run on a GPU. The second compiled call records: the host read fails the capture, nothing ran."""
+    ids, mask = (t.cuda() for t in testing.left_padded_prompts())
+    eager = _model("qwen3_5", compile=False)
+    ref_tokens, _ = testing.generate_with_logits(eager, ids, mask, NEW_TOKENS, do_sample=False)
+    del eager
+    model = _model("qwen3_5", compile=True)
+    adapter = next(iter(model._replayssm.adapters.values()))
+    original = adapter.replay
+    monkeypatch.setattr(adapter, "replay", lambda *args, **kwargs: _host_read(original(*args, **kwargs)))
+    torch._dynamo.reset()
+    with pytest.warns(RuntimeWarning, match="could not be recorded as a CUDA graph"):
+        tokens, _ = testing.generate_with_logits(model, ids, mask, NEW_TOKENS, do_sample=False)
+    assert torch.equal(tokens, ref_tokens)
+    assert "captur" in model._replayssm.compile_failure
 
 
 def test_eager_patched_generate_uses_the_kernels_and_matches_fp32_reference():

@@ -37,11 +37,50 @@ What ``patch(model, compile=...)`` adds, as instance attributes removed by
   says why and that step and the later ones of this patch run eagerly. A
   compile failure happens before the step runs anything, so nothing is
   half-applied: the eager step gives the same tokens.
+
+CUDA-graph recording failures (read in torch 2.13's
+``torch/_inductor/cudagraph_trees.py``; no such failure seen on a GPU yet). Under mode
+"reduce-overhead" inductor wraps the compiled graph in a cudagraph tree
+(``CUDAGraphTreeManager.run``): the first call of a graph is a warmup
+(``run_eager`` -> ``CUDAWarmupNode.run``, an ordinary run in the graph pool,
+no capture); the next call records (``record_function`` ->
+``CUDAGraphNode.__init__`` -> ``_record``, the step under
+``torch.cuda.graph(...)``), then replays the recording once, which runs the
+step; later calls replay, or record again when an input address changed (a
+new cache: the first step of every later ``generate``). Nothing in the tree
+catches errors: a capture failure reaches the caller as a ``RuntimeError``
+(``torch.AcceleratorError`` for CUDA errors: "operation not permitted when
+stream is capturing", and from ``capture_end`` "operation failed due to a
+previous error during capture"; torch's own checks: "... during CUDA graph
+capture"). Captured kernels are recorded, not run, and the node is added to
+the tree only after ``_record`` succeeds; dynamo's side effects and AOT's
+epilogue run after the compiled graph returns. So when a capture error is
+raised inside ``_record`` and the graph is one CUDA graph, nothing of the
+step ran: the call warns and runs that step, and the later ones, eagerly.
+With graph partitions (``CompiledFxGraph.partition_maps``; inductor splits
+off ops it cannot capture, default on in torch 2.13) the partitions record
+and run one after the other, so an earlier one may have updated the cache:
+then the error is re-raised with that explanation (this ``generate`` call
+stops; later ones decode eagerly). Other errors (out of memory, a failure
+in the warmup run, a bug) propagate unchanged. A failed ``capture_end``
+also skips torch's reset of the current stream; the fallback resets it.
+
+Steps compiled without CUDA graphs: inductor may compile the step but not
+capture it (a CPU tensor, a mutated input that is not a static address, too
+many re-recordings); it counts that in
+``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]`` and logs
+"skipping cudagraphs due to ..." (torch 2.13: the "cudagraphs" log at
+warning level; older releases: perf hints, hidden by default). Tokens are
+right, only slower: on CUDA with an inductor config that asks for CUDA
+graphs, the first compiled call that grows the count gives one warning per
+patch, with the logged reason.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+import re
 import warnings
 
 import torch
@@ -98,21 +137,34 @@ def _compiled_call_factory(model, context):
 
     def get_compiled_call(compile_config=None):
         compiled = original(compile_config)
+        watch_skips = _expects_cuda_graphs(model, compile_config or getattr(model, "_last_compile_config", None))
 
         def call(*args, **kwargs):
             if context.compile_failure is None:
                 previous = ops.set_value_checks(False)
+                skips = _watch_skips() if watch_skips and context.cudagraph_skip is None else None
                 try:
-                    return compiled(*args, **kwargs)
+                    out = compiled(*args, **kwargs)
                 except COMPILE_ERRORS as exc:
-                    context.compile_failure = f"{type(exc).__name__}: {_reason(exc)}"
-                    warnings.warn(
-                        f"replayssm: the captured decode step of {context.model_name} failed to compile "
-                        f"({context.compile_failure}); decoding through the eager patched path from now on "
-                        "(same tokens, without the speed of the captured step)",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+                    _fall_back(context, "failed to compile", f"{type(exc).__name__}: {_reason(exc)}")
+                except RuntimeError as exc:
+                    capture = _capture_failure(exc)
+                    if capture is None:
+                        raise  # not a capture failure (out of memory, a bug): the caller sees it as it is
+                    reason, partly_run = capture
+                    if partly_run:
+                        context.compile_failure = reason
+                        raise RuntimeError(
+                            f"replayssm: recording the CUDA graph of the captured decode step of {context.model_name} "
+                            f"failed ({reason}), and part of the step may have run before ({partly_run}): this "
+                            "generate() call cannot go on exactly and its cache is inconsistent (make a new one or "
+                            "reset() it). Later steps of this patch decode through the eager patched path"
+                        ) from exc
+                    _fall_back(context, "could not be recorded as a CUDA graph (nothing of the step ran)", reason)
+                else:
+                    if skips is not None and _skip_count() > skips:
+                        _warn_skip(context)
+                    return out
                 finally:
                     ops.set_value_checks(previous)
             return model(*args, **kwargs)
@@ -122,11 +174,137 @@ def _compiled_call_factory(model, context):
     return get_compiled_call
 
 
+def _fall_back(context, what: str, reason: str) -> None:
+    context.compile_failure = reason
+    warnings.warn(
+        f"replayssm: the captured decode step of {context.model_name} {what} ({reason}); decoding through the "
+        "eager patched path from now on (same tokens, without the speed of the captured step)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 def _reason(exc: BaseException) -> str:
     """The first lines of a compile error (dynamo's messages put the cause there; the rest is debug context)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     reason = " ".join(lines[:3]) or type(exc).__name__
     return reason if len(reason) <= 400 else reason[:397] + "..."
+
+
+# --- CUDA-graph recording failures -----------------------------------------------------------------
+
+#: what the CUDA runtime (cudaErrorStreamCapture*, cudaErrorCapturedEvent) and torch ("... during CUDA graph
+#: capture") say when work is not allowed while a stream is capturing, or when a capture was invalidated by it
+_CAPTURE_MESSAGE = re.compile(
+    r"stream is capturing|capturing stream|during (cuda graph )?capture|graph capture|capture sequence"
+    r"|uncaptured work|capture was not",
+    re.IGNORECASE,
+)
+
+
+def _capture_failure(exc: BaseException) -> tuple[str, str | None] | None:
+    """``(reason, why part of the step may have run or None)`` if ``exc`` is a failed CUDA-graph capture, else None.
+
+    inductor's only capture is ``CUDAGraphNode._record`` (torch/_inductor/cudagraph_trees.py), which records the
+    kernels without running them; its graph runs once recorded. So nothing of the step ran if the error comes from
+    there and the compiled graph (``CompiledFxGraph``) is one CUDA graph: not partitioned, or one partition with no
+    eager partition before it (graph partitions run in order: an earlier one would have run).
+    """
+    chain = []
+    while exc is not None and len(chain) < 8 and all(exc is not e for e in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    if any(isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower() for e in chain):
+        return None
+    captures = [e for e in chain if isinstance(e, RuntimeError) and _CAPTURE_MESSAGE.search(str(e))]
+    if not captures:
+        return None
+    reason = f"{type(captures[-1]).__name__}: {_reason(captures[-1])}"  # the root cause is the last in the chain
+    frames = [tb.tb_frame for e in chain for tb in _traceback(e)]
+    _restore_stream(frames)
+    if not any(f.f_code.co_name == "_record" and "cudagraph_trees" in f.f_code.co_filename for f in frames):
+        return reason, "not raised by inductor's CUDA-graph recording, so what ran is unknown"
+    owners = [f.f_locals.get("self") for f in frames]
+    graph = next((owner for owner in owners if type(owner).__name__ == "CompiledFxGraph"), None)
+    if graph is None:
+        return reason, "inductor's compiled graph is not in the traceback, so what ran is unknown"
+    partitions = getattr(graph, "partition_maps", ())
+    if partitions is not None and [getattr(p, "id", None) for p in partitions] != [0]:
+        return reason, f"the step is split into {len(partitions)} CUDA-graph partition(s) and eager parts, run in turn"
+    return reason, None
+
+
+def _traceback(exc: BaseException):
+    tb = exc.__traceback__
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def _restore_stream(frames) -> None:
+    """Reset the stream a failed ``torch.cuda.graph`` exit leaves current (capture_end raised before resetting it)."""
+    for frame in frames:
+        graph = frame.f_locals.get("self") if frame.f_code.co_name == "__exit__" else None
+        if isinstance(graph, torch.cuda.graph):
+            graph.stream_ctx.__exit__(None, None, None)
+
+
+# --- steps compiled without CUDA graphs --------------------------------------------------------------
+
+
+class _LastSkipMessage(logging.Handler):
+    """Keeps the last message of inductor's cudagraph-skip log ("skipping cudagraphs due to ...")."""
+
+    message: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.message = record.getMessage()
+
+
+_SKIP_LOG = _LastSkipMessage()
+
+
+def _expects_cuda_graphs(model, compile_config) -> bool:
+    """Whether inductor is asked to run the step as CUDA graphs (on CUDA, mode "reduce-overhead" or an option)."""
+    options = getattr(compile_config, "options", None) or {}
+    wanted = options.get("triton.cudagraphs", getattr(compile_config, "mode", None) in ("reduce-overhead", "max-autotune"))
+    if not (wanted and _on_cuda(model) and getattr(compile_config, "backend", None) == "inductor"):
+        return False
+    try:  # the reason of a skip is only logged (torch 2.13: cudagraphs_log; older: perf_hint_log)
+        from torch._inductor import cudagraph_utils
+    except ImportError:
+        return True
+    log = getattr(cudagraph_utils, "cudagraphs_log", None) or getattr(cudagraph_utils, "perf_hint_log", None)
+    if isinstance(log, logging.Logger) and _SKIP_LOG not in log.handlers:
+        log.addHandler(_SKIP_LOG)
+    return True
+
+
+def _on_cuda(model) -> bool:
+    return getattr(getattr(model, "device", None), "type", None) == "cuda"
+
+
+def _skip_count() -> int:
+    """inductor's count of graphs it compiled or ran without CUDA graphs (0 where a torch keeps no such count)."""
+    inductor = getattr(torch._dynamo.utils, "counters", {}).get("inductor", {})
+    return inductor.get("cudagraph_skips", 0)
+
+
+def _watch_skips() -> int:
+    """Start watching one compiled call for a skip: forget the last skip message, return the count so far."""
+    _SKIP_LOG.message = None
+    return _skip_count()
+
+
+def _warn_skip(context) -> None:
+    context.cudagraph_skip = _SKIP_LOG.message or "inductor logged the reason as 'skipping cudagraphs due to ...'"
+    warnings.warn(
+        f"replayssm: inductor compiled the captured decode step of {context.model_name} but runs it without CUDA "
+        f"graphs ({context.cudagraph_skip}); tokens are unaffected, but every step pays the launch overhead the "
+        "captured path is meant to remove",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _generate_wrapper(model, context):

@@ -33,8 +33,10 @@ class PatchContext:
         self.step = step
         #: the transformers CompileConfig generate() uses for the static-shape path (None: patch(compile=False))
         self.compile_config = compile_config
-        #: why compiling the decode step failed (then this patch decodes eagerly), or None
+        #: why compiling or CUDA-graph recording of the decode step failed (then this patch decodes eagerly), or None
         self.compile_failure: str | None = None
+        #: why inductor ran the compiled step without CUDA graphs (warned once; tokens unaffected), or None
+        self.cudagraph_skip: str | None = None
         #: instance attributes of the model set by patch (beyond _replayssm/_is_stateful) and what they shadowed
         self.model_attributes: dict[str, tuple[bool, object]] = {}
         self.model_name = type(model).__name__
