@@ -146,8 +146,7 @@ class SpecCase:
 def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     """The launch tables a verify step uses that the sweep tunes: (name, table, this geometry's key, candidates).
 
-    Where full rings fold (``_MAMBA2_FOLD_IN_MAIN`` / ``_GDN_FOLD_IN_MAIN``: a flush launch first, or inside
-    the main launch), then the main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel,
+    The main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel,
     and one program per head) and the flush launch (``_MAMBA2_FLUSH``, shared with decoding, / ``_GDN_FLUSH``;
     block >= 16, its fold is a ``tl.dot``).
     """
@@ -162,9 +161,6 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         main = ("_GDN_VERIFY", [(8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8)])
     tiles = lambda block: -(-dim // block)  # noqa: E731
     out = []
-    fold_table = "_MAMBA2_FOLD_IN_MAIN" if isinstance(geometry, Mamba2Geometry) else "_GDN_FOLD_IN_MAIN"
-    if hasattr(configs, fold_table):
-        out.append((fold_table, getattr(configs, fold_table), (dim, key_dim), [False, True]))
     name, shapes = main
     if hasattr(configs, name):
         candidates = [LaunchConfig(block, tiles(block), warps) for block, warps in shapes]
@@ -174,11 +170,6 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         flush = [LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(16, tiles(16), 4), LaunchConfig(16, tiles(16), 2), LaunchConfig(32, tiles(32), 4)]
         out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
     return out
-
-
-def _as_dict(candidate):
-    """A table entry as JSON: a ``LaunchConfig``'s fields, or the plain value (the fold tables' bools)."""
-    return candidate.as_dict() if hasattr(candidate, "as_dict") else candidate
 
 
 def sweep_verify(geometries: dict, repeats: int, log) -> dict:
@@ -209,11 +200,11 @@ def sweep_verify(geometries: dict, repeats: int, log) -> dict:
                     del case
                     torch.cuda.empty_cache()
                 timings.append((us, cfg))
-                log(f"sweep {json.dumps({'geometry': name, 'table': table_name, 'config': _as_dict(cfg), 'replay_us': us})}")
+                log(f"sweep {json.dumps({'geometry': name, 'table': table_name, 'config': cfg.as_dict(), 'replay_us': us})}")
             best = min(timings, key=lambda t: t[0])[1] if timings else previous
             if best is not None:
                 table[key] = best
-                chosen.setdefault(table_name, {})[f"{key[0]}x{key[1]}"] = _as_dict(best)
+                chosen.setdefault(table_name, {})[f"{key[0]}x{key[1]}"] = best.as_dict()
             log(f"sweep {name} {table_name}: using {best} (table had {previous})")
     return chosen
 

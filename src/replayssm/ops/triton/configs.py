@@ -48,11 +48,12 @@ _MAMBA2_FLUSH = {
     (80, 128): LaunchConfig(block=16, split=1, num_warps=4),
     (64, 128): LaunchConfig(block=16, split=1, num_warps=4),
 }
-# Verification (T > 1) main launch: one 16-row tile per 1-warp program (spec_kernels --sweep,
-# 2026-11-29, T = 4: 605 us against 629 for 8-row tiles and 850 for a program per head, 2 warps).
+# Verification (T > 1) main launch: one small tile per 1-warp program. spec_kernels --sweep, T = 4,
+# 2026-11-29 15:00: 8-row tiles 595 / 645 us against 608 / 652 for 16-row tiles (96x80 / 128x64; the
+# 13:00 run had 16 rows ahead by 4%: the two are within run-to-run noise), 2-4 warps 742-1000.
 _MAMBA2_VERIFY = {
-    (80, 128): LaunchConfig(block=16, split=5, num_warps=1),
-    (64, 128): LaunchConfig(block=16, split=4, num_warps=1),
+    (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
+    (64, 128): LaunchConfig(block=8, split=8, num_warps=1),
 }
 _MAMBA2_CONVENTIONAL = {
     (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
@@ -63,10 +64,13 @@ _MAMBA2_CONVENTIONAL = {
 _GDN_REPLAY = {
     (128, 128): LaunchConfig(block=32, split=1, num_warps=4),
 }
-# GDN decoding (T = 1): the single replay kernel (1) or verification's three launches (3). The three
-# launches lost as first configured (tuning log, run 5); with the main launch shape verification now
-# uses they are untimed for T = 1: `decode_kernels.py --sweep` times both forms.
-_GDN_DECODE_LAUNCHES: dict[tuple[int, int], int] = {}
+# GDN decoding (T = 1): the single replay kernel (1) or verification's three launches (3), whose main
+# launch then takes the verify table's shape. decode_kernels --sweep, 2026-11-29 15:00: three launches
+# with one 8-row tile per 1-warp program 200.7 / 361.3 us against 260.9 / 504.3 for the best single
+# kernel (16/32 / 16/64 heads); with 32-row programs of 8 warps (run 5) they had lost.
+_GDN_DECODE_LAUNCHES: dict[tuple[int, int], int] = {
+    (128, 128): 3,
+}
 # GDN verification (T > 1) main launch: one 8-row tile per 1-warp program (spec_kernels --sweep,
 # 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps).
 _GDN_VERIFY = {
@@ -76,11 +80,18 @@ _GDN_VERIFY = {
 _GDN_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=1, num_warps=4),  # 528 us vs 536 for block 32: within noise
 }
-# Where a replay step folds the rows whose ring is full (three-launch form, any T): in the flush launch
+# Where a decode step (T = 1, three-launch form) folds the rows whose ring is full: in the flush launch
 # before the others (False), or inside the main launch's tile programs (True: no flush launch; each
 # program folds its own tile with rank-1 updates and writes it, so exiting programs and a second read of
-# the folded tiles go away). Timed against each other by the kernel benchmarks' --sweep.
-_MAMBA2_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {}
+# the folded tiles go away). decode_kernels --sweep, 2026-11-29 15:00 (fold loop one entry per
+# iteration): Mamba-2 329.1 / 350.3 / 181.5 us in the main launch against 333.1 / 360.8 / 193.0; GDN
+# 206.9 / 388.4 against 200.7 / 361.3. Verification (T > 1) folds in the flush launch: with a quarter
+# of the rows folding per step the main launch's folding programs cost more (spec_kernels --sweep,
+# T = 4: Mamba-2 727 / 778 us against 602 / 651; GDN 637 against 523).
+_MAMBA2_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {
+    (80, 128): True,
+    (64, 128): True,
+}
 _GDN_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {}
 _GDN_CONVENTIONAL = {
     (128, 128): LaunchConfig(block=32, split=4, num_warps=8),
@@ -134,11 +145,11 @@ def gdn_decode_launches(value_dim: int, key_dim: int) -> int:
     return _GDN_DECODE_LAUNCHES.get((value_dim, key_dim), 1)
 
 
-def mamba2_fold_in_main(head_dim: int, state_size: int) -> bool:
-    """Whether the Mamba-2 replay step folds full rings inside its main launch (else in a flush launch first)."""
-    return _MAMBA2_FOLD_IN_MAIN.get((head_dim, state_size), False)
+def mamba2_fold_in_main(head_dim: int, state_size: int, num_tokens: int) -> bool:
+    """Whether a Mamba-2 replay step folds full rings inside its main launch (else in a flush launch first)."""
+    return num_tokens == 1 and _MAMBA2_FOLD_IN_MAIN.get((head_dim, state_size), False)
 
 
-def gdn_fold_in_main(value_dim: int, key_dim: int) -> bool:
+def gdn_fold_in_main(value_dim: int, key_dim: int, num_tokens: int) -> bool:
     """Whether GDN's three-launch step folds full rings inside its main launch (else in a flush launch first)."""
-    return _GDN_FOLD_IN_MAIN.get((value_dim, key_dim), False)
+    return num_tokens == 1 and _GDN_FOLD_IN_MAIN.get((value_dim, key_dim), False)

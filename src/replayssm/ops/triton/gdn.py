@@ -58,7 +58,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import device_context, fold_store_tile, fold_tile, next_pow2, suffix_sums, uses_float64
+from .common import device_context, fold_rank1_store, fold_store_tile, fold_tile, next_pow2, suffix_sums, uses_float64
 from .configs import (
     LaunchConfig,
     gdn_conventional_config,
@@ -361,25 +361,6 @@ def _gdn_weights_kernel(
 
 
 @triton.jit
-def _fold_tile_rank1(b_S, n, p_wf_row, p_kf_row, s_kf_l, p_ring_row_d, s_rd_l, s_rd_v, o_v, m_v, o_k, m_k, L, p_tile, m_tile):
-    """Fold ``n`` ring entries into a checkpoint tile with rank-1 updates in fp32,
-    ``S <- wf[L] S + sum_{i<n} wf[i] d_i[rows] k_i^T`` (decay first: no second tile-sized accumulator;
-    a tile of a few rows is too small for ``tl.dot``), store it in the checkpoint dtype and return it
-    as stored, in fp32. The barrier makes every thread finish reading the d entries before the caller
-    overwrites them with the new tokens' entries.
-    """
-    b_S = b_S * tl.load(p_wf_row + L)
-    for i in range(0, n):
-        b_d = tl.load(p_ring_row_d + i * s_rd_l + o_v * s_rd_v, mask=m_v, other=0.0).to(tl.float32)
-        b_k = tl.load(p_kf_row + i * s_kf_l + o_k, mask=m_k, other=0.0)
-        b_S += (tl.load(p_wf_row + i) * b_d)[:, None] * b_k[None, :]
-    b_stored = b_S.to(p_tile.dtype.element_ty)
-    tl.store(p_tile, b_stored, mask=m_tile)
-    tl.debug_barrier()
-    return b_stored.to(tl.float32)
-
-
-@triton.jit
 def _gdn_main_kernel(
     p_v, p_o, p_ckpt, p_ring_d, p_cursor, p_pending, p_rows, p_w, p_qk, p_pos, p_wf, p_kf,
     s_v_b, s_v_t, s_v_h, s_v_v,
@@ -401,7 +382,7 @@ def _gdn_main_kernel(
     position c + t), never the checkpoint. One program per row moves the cursor: nothing here reads it.
 
     ``FOLD_IN_MAIN`` (no flush launch): a row with ``pos[b] < 0`` folds its ``n = -1 - pos`` committed
-    entries into each of its tiles first (``_fold_tile_rank1``: weights and old keys from the weights
+    entries into each of its tiles first (``fold_rank1_store``: weights and old keys from the weights
     launch's scratch, d_i from the ring), writes the tile (the only checkpoint write) and goes on from
     it as stored, with c = 0. Other rows do what they do without the variant.
     """
@@ -438,9 +419,9 @@ def _gdn_main_kernel(
         )
         if FOLD_IN_MAIN:
             if b_pos < 0:
-                b_S = _fold_tile_rank1(
-                    b_S, -1 - b_pos, p_wf + i_b64 * s_wf_b + i_h64 * s_wf_h, p_kf + i_b64 * s_kf_b + i_kh64 * s_kf_h, s_kf_l,
-                    p_ring_row_d, s_rd_l, s_rd_v, o_v, m_v, o_k, m_k, L, p_tile, m_tile,
+                b_S = fold_rank1_store(
+                    b_S, -1 - b_pos, p_wf + i_b64 * s_wf_b + i_h64 * s_wf_h, p_ring_row_d, s_rd_l, s_rd_v, o_v, m_v,
+                    p_kf + i_b64 * s_kf_b + i_kh64 * s_kf_h, s_kf_l, o_k, m_k, L, p_tile, m_tile,
                 )  # fmt: skip
         for t in tl.static_range(T):
             p_w_t = p_w_row + t * s_w_t
@@ -646,7 +627,7 @@ def _gdn_three_launches(
     value_per_key = value_heads // key_heads
     block_k, block_l, block_t = next_pow2(key_dim), next_pow2(window), next_pow2(num_tokens)
     if fold_in_main is None:
-        fold_in_main = gdn_fold_in_main(value_dim, key_dim)
+        fold_in_main = gdn_fold_in_main(value_dim, key_dim, num_tokens)
     # Per-call scratch (like the output): weights per (row, value head, token), normalised k / scaled q
     # per (row, key head), each row's first new ring position (fold_in_main: -1 - entries to fold for
     # a folding row); fold_in_main: the fold weights and decay per (row, value head), the ring's old

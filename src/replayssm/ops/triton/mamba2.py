@@ -41,7 +41,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import device_context, fold_store_tile, fold_tile, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
+from .common import device_context, fold_rank1_store, fold_store_tile, fold_tile, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
 from .configs import (
     LaunchConfig,
     mamba2_conventional_config,
@@ -328,17 +328,10 @@ def _mamba2_main_kernel(
         b_S = tl.load(p_tile, mask=m_out[:, None] & m_n[None, :], other=0.0).to(tl.float32)
         if FOLD_IN_MAIN:
             if n_fold >= 0:
-                p_fw = p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h
-                p_fB = p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g
-                b_S = b_S * tl.load(p_fw + L)
-                for i in range(0, n_fold):
-                    b_xi = tl.load(p_ring_row_x + i * s_rx_l + o_p * s_rx_p, mask=m_p, other=0.0).to(tl.float32)
-                    b_Bi = tl.load(p_fB + i * s_fB_l + o_n, mask=m_n, other=0.0)
-                    b_S += (tl.load(p_fw + i) * b_xi)[:, None] * b_Bi[None, :]
-                b_S_stored = b_S.to(p_ckpt.dtype.element_ty)
-                tl.store(p_tile, b_S_stored, mask=m_p[:, None] & m_n[None, :])
-                b_S = b_S_stored.to(tl.float32)
-                tl.debug_barrier()  # the x entries just read are overwritten below, by other threads
+                b_S = fold_rank1_store(
+                    b_S, n_fold, p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h, p_ring_row_x, s_rx_l, s_rx_p, o_p, m_p,
+                    p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g, s_fB_l, o_n, m_n, L, p_tile, m_p[:, None] & m_n[None, :],
+                )  # fmt: skip
         b_rx = tl.load(
             p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_ring[:, None] & m_p[None, :], other=0.0
         ).to(tl.float32)
@@ -469,7 +462,7 @@ def mamba2_step_out(
     weights = torch.empty(batch, heads, num_tokens, window + 1 + num_tokens, dtype=torch.float32, device=x.device)
     pos = torch.empty(batch, dtype=torch.int32, device=x.device)
     if fold_in_main is None:
-        fold_in_main = mamba2_fold_in_main(head_dim, state_size)
+        fold_in_main = mamba2_fold_in_main(head_dim, state_size, num_tokens)
     # The fold's scratch (FOLD_IN_MAIN): per-head weights and decay, and the B entries the append overwrites.
     fold_w = torch.empty(batch, heads, window + 1, dtype=torch.float32, device=x.device) if fold_in_main else None
     fold_B = torch.empty(batch, groups, window, state_size, dtype=torch.float32, device=x.device) if fold_in_main else None
