@@ -21,7 +21,8 @@ One call on the GPU does everything (issue 3, item 3):
 Prints a table last; writes ``decode_kernels.json`` and ``decode_kernels.png``
 (matplotlib, the ``bench`` extra) into ``--out``. ``--sweep`` first times a
 few launch configurations of the replay main kernel at the headline point (GDN: also
-decoding through verification's three launches) and uses the fastest (to fill
+decoding through verification's three launches, and the conventional kernel's
+shapes) and uses the fastest (to fill
 ``replayssm/ops/triton/configs.py`` by hand). Every configuration timed is
 first checked against the PyTorch reference for one step (outputs and state;
 a wrong one fails the run, or is dropped from the sweep). ``--dry-run`` runs
@@ -233,6 +234,24 @@ class Case:
             steps.append(lambda step=step: (self.state.cursor.copy_(pinned), step()))
         return steps
 
+    def check_conventional(self, config: LaunchConfig) -> dict:
+        """Relative errors of one conventional step with ``config`` against the reference (output, state); the
+        state is restored in place (the timed steps hold it)."""
+        state, saved = self.conventional_state, self.conventional_state.clone()
+        theirs = saved.clone()
+        if self.mamba2:
+            x, dt, B, C, z = self.inputs[0]
+            y = torch.empty_like(x)
+            mamba2_kernels.mamba2_conventional_step_out(x, dt, self.A, B, C, self.D, self.dt_bias, z, state, self.rows, True, y=y, config=config)
+            y_ref = reference.mamba2_conventional_step(x, dt, self.A, B, C, self.D, self.dt_bias, z, theirs, self.rows, True)
+        else:
+            y = torch.empty_like(self.inputs[0][2])
+            gdn_kernels.gdn_conventional_step_out(*self.inputs[0], state, self.rows, True, None, o=y, config=config)
+            y_ref = reference.gdn_conventional_step(*self.inputs[0], theirs, self.rows, True, None)
+        errors = {"output": _rel_err(y, y_ref), "state": _rel_err(state, theirs)}
+        state.copy_(saved)
+        return errors
+
     def conventional_steps(self, config: LaunchConfig | None = None, via_op: bool = True):
         s = self.conventional_state
         steps = []
@@ -282,8 +301,11 @@ def _load_fla():
 # ---------------------------------------------------------------------------
 
 
-def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=False, repeats=15, config=None, breakdown=False):
-    """One (geometry, batch, window) point; ``config`` overrides the replay launch table (from ``--sweep``);
+def measure_point(
+    name, geometry, batch, window, bw, device, fla_fn=None, full=False, repeats=15, config=None, breakdown=False, conventional_config=None
+):
+    """One (geometry, batch, window) point; ``config`` / ``conventional_config`` override the replay / conventional
+    launch tables (from ``--sweep``);
     ``breakdown``: also the kernel time per step by kernel (staggered rows, profiler)."""
     from _common import kernel_times_per_step, time_graph_per_step
 
@@ -306,7 +328,8 @@ def measure_point(name, geometry, batch, window, bw, device, fla_fn=None, full=F
         row["nonflush_us"] = time_graph_per_step(case.pinned_replay_steps(window - 1, window, config), repeats)
         row["flush_us"] = time_graph_per_step(case.pinned_replay_steps(window, window, config), repeats)
         row["stagger_vs_inphase"] = row["replay_us"] / row["replay_inphase_us"] - 1
-    row["conventional_us"] = time_graph_per_step(case.conventional_steps(), repeats)
+    row["conventional_config"] = str(conventional_config) if conventional_config else "table"
+    row["conventional_us"] = time_graph_per_step(case.conventional_steps(conventional_config, via_op=conventional_config is None), repeats)
     if fla_fn is not None and not case.mamba2:
         row["fla_us"] = time_graph_per_step(case.fla_steps(fla_fn), repeats)
     row["replay_floor_us"] = traffic.replay / bw * 1e6
@@ -383,6 +406,38 @@ def sweep(geometries, device, log) -> tuple[list[dict], dict]:
     return out, {name: cfg for name, (cfg, _) in best.items()}
 
 
+# Conventional GDN candidates (Mamba-2's table entry, one 8-row tile per 1-warp program, is at 98-99% of
+# its floor): the table's 32-row 8-warp programs and the small-tile shapes that won for the replay kernels.
+SWEEP_CONVENTIONAL_GDN = [LaunchConfig(32, 4, 8), LaunchConfig(8, 16, 1), LaunchConfig(16, 8, 1), LaunchConfig(16, 8, 2), LaunchConfig(32, 4, 4)]
+
+
+def sweep_conventional(geometries, device, log) -> tuple[list[dict], dict]:
+    """Time the conventional GDN kernel's candidates at the headline point (each checked against the reference
+    first); returns the rows and the fastest config per geometry (the headline's baseline then uses it)."""
+    from _common import time_graph_per_step
+
+    out, best = [], {}
+    for name, geometry in geometries.items():
+        if isinstance(geometry, Mamba2Geometry):
+            continue
+        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device)
+        for cfg in SWEEP_CONVENTIONAL_GDN:
+            try:
+                if failure := check_failure(case.check_conventional(cfg)):
+                    raise RuntimeError(failure)
+                us = time_graph_per_step(case.conventional_steps(cfg, via_op=False), repeats=10)
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile, or is wrong, is a result too
+                us = None
+                log(f"sweep {name} conventional {cfg}: {type(exc).__name__}: {exc}")
+            out.append({"geometry": name, "kernel": "conventional", **cfg.as_dict(), "us": us})
+            log(f"sweep {name:24s} conventional {cfg} -> {us}")
+            if us is not None and (name not in best or us < best[name][1]):
+                best[name] = (cfg, us)
+        del case
+        torch.cuda.empty_cache()
+    return out, {name: cfg for name, (cfg, _) in best.items()}
+
+
 def dry_run() -> None:
     """Run each step kind once on tiny CPU tensors (Triton interpreter): catches plumbing errors."""
     for name, geometry in DRY_GEOMETRIES.items():
@@ -407,6 +462,10 @@ def dry_run() -> None:
             assert check_failure(errors) is None, f"dry run {name}: the verify step {check_failure(errors)}"
             case.replay_step(pair, main_config, via_op=False, commit=False)
             replayssm.ops.commit(case.state.cursor, case.state.pending, case.rows, accepted)
+        if not case.mamba2:
+            for cfg in SWEEP_CONVENTIONAL_GDN:
+                failure = check_failure(case.check_conventional(cfg))
+                assert failure is None, f"dry run {name} conventional {cfg}: {failure}"
         cfg = mamba2_replay_config(16, 16) if case.mamba2 else gdn_replay_config(16, 16)
         conv = mamba2_conventional_config(16, 16) if case.mamba2 else gdn_conventional_config(16, 16)
         print(f"dry run {name}: ok (replay {cfg}, conventional {conv}); traffic ratio {case.traffic().ratio:.2f}")
@@ -511,11 +570,15 @@ def main() -> None:
     }
     log(json.dumps(meta))
     result = {"meta": meta}
-    chosen = {}
+    chosen, chosen_conventional = {}, {}
     if args.sweep:
         result["sweep"], chosen = sweep(geometries, device, log)
         result["chosen_replay_config"] = {k: v.as_dict() for k, v in chosen.items()}
         log("chosen replay configs: " + json.dumps(result["chosen_replay_config"]))
+        conventional_rows, chosen_conventional = sweep_conventional(geometries, device, log)
+        result["sweep"] += conventional_rows
+        result["chosen_conventional_config"] = {k: v.as_dict() for k, v in chosen_conventional.items()}
+        log("chosen conventional configs: " + json.dumps(result["chosen_conventional_config"]))
     bw, rates = streaming_bandwidth()
     bw_end = None
     result["bandwidth_Bps"], result["bandwidth_by_config"] = bw, rates
@@ -526,7 +589,7 @@ def main() -> None:
     for name, geometry in geometries.items():
         row = measure_point(
             name, geometry, HEADLINE_BATCH, HEADLINE_WINDOW, bw, device, fla_fn, full=True, repeats=args.repeats,
-            config=chosen.get(name), breakdown=args.breakdown,
+            config=chosen.get(name), breakdown=args.breakdown, conventional_config=chosen_conventional.get(name),
         )  # fmt: skip
         headline.append(row)
         log(f"headline {json.dumps(row)}")
