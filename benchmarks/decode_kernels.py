@@ -382,28 +382,41 @@ def _sweep_configs(geometry) -> list[StepVariant]:
     return SWEEP_REPLAY["mamba2" if isinstance(geometry, Mamba2Geometry) else "gdn"]
 
 
-def sweep(geometries, device, log) -> tuple[list[dict], dict]:
-    """Time the replay configurations at the headline point; returns the rows and the best config per geometry."""
+def _time_candidates(name, kind, candidates, check, steps, log) -> tuple[list[dict], tuple | None]:
+    """Check each candidate against the reference (``check(cfg)``), time its steps (``steps(cfg)``); returns the
+    rows and the fastest (config, us). A candidate that does not compile, or is wrong, is logged and skipped."""
     from _common import time_graph_per_step
 
+    rows, best = [], None
+    for cfg in candidates:
+        try:
+            if failure := check_failure(check(cfg)):
+                raise RuntimeError(failure)
+            us = time_graph_per_step(steps(cfg), repeats=10)
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile, or is wrong, is a result too
+            us = None
+            log(f"sweep {name} {kind} {cfg}: {type(exc).__name__}: {exc}")
+        rows.append({"geometry": name, "kernel": kind, **cfg.as_dict(), "us": us})
+        log(f"sweep {name:24s} {kind} {cfg} -> {us}")
+        if us is not None and (best is None or us < best[1]):
+            best = (cfg, us)
+    return rows, best
+
+
+def sweep(geometries, device, log) -> tuple[list[dict], dict]:
+    """Time the replay configurations at the headline point; returns the rows and the best config per geometry."""
     out, best = [], {}
     for name, geometry in geometries.items():
         case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device, conventional=False)
-        for cfg in _sweep_configs(geometry):
-            try:
-                if failure := check_failure(case.check_replay(cfg)):
-                    raise RuntimeError(failure)
-                us = time_graph_per_step(case.replay_steps(cfg, via_op=False), repeats=10)
-            except Exception as exc:  # noqa: BLE001 - a config that does not compile, or is wrong, is a result too
-                us = None
-                log(f"sweep {name} {cfg}: {type(exc).__name__}: {exc}")
-            out.append({"geometry": name, "kernel": "replay", **cfg.as_dict(), "us": us})
-            log(f"sweep {name:24s} {cfg} -> {us}")
-            if us is not None and (name not in best or us < best[name][1]):
-                best[name] = (cfg, us)
+        rows, fastest = _time_candidates(
+            name, "replay", _sweep_configs(geometry), case.check_replay, lambda cfg: case.replay_steps(cfg, via_op=False), log
+        )  # fmt: skip
+        out += rows
+        if fastest:
+            best[name] = fastest[0]
         del case
         torch.cuda.empty_cache()
-    return out, {name: cfg for name, (cfg, _) in best.items()}
+    return out, best
 
 
 # Conventional GDN candidates (Mamba-2's table entry, one 8-row tile per 1-warp program, is at 98-99% of
@@ -412,30 +425,23 @@ SWEEP_CONVENTIONAL_GDN = [LaunchConfig(32, 4, 8), LaunchConfig(8, 16, 1), Launch
 
 
 def sweep_conventional(geometries, device, log) -> tuple[list[dict], dict]:
-    """Time the conventional GDN kernel's candidates at the headline point (each checked against the reference
-    first); returns the rows and the fastest config per geometry (the headline's baseline then uses it)."""
-    from _common import time_graph_per_step
-
+    """Time the conventional GDN kernel's candidates at the headline point; returns the rows and the fastest
+    config per geometry (the headline's baseline then uses it)."""
     out, best = [], {}
     for name, geometry in geometries.items():
         if isinstance(geometry, Mamba2Geometry):
             continue
         case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device)
-        for cfg in SWEEP_CONVENTIONAL_GDN:
-            try:
-                if failure := check_failure(case.check_conventional(cfg)):
-                    raise RuntimeError(failure)
-                us = time_graph_per_step(case.conventional_steps(cfg, via_op=False), repeats=10)
-            except Exception as exc:  # noqa: BLE001 - a config that does not compile, or is wrong, is a result too
-                us = None
-                log(f"sweep {name} conventional {cfg}: {type(exc).__name__}: {exc}")
-            out.append({"geometry": name, "kernel": "conventional", **cfg.as_dict(), "us": us})
-            log(f"sweep {name:24s} conventional {cfg} -> {us}")
-            if us is not None and (name not in best or us < best[name][1]):
-                best[name] = (cfg, us)
+        rows, fastest = _time_candidates(
+            name, "conventional", SWEEP_CONVENTIONAL_GDN, case.check_conventional,
+            lambda cfg: case.conventional_steps(cfg, via_op=False), log,
+        )  # fmt: skip
+        out += rows
+        if fastest:
+            best[name] = fastest[0]
         del case
         torch.cuda.empty_cache()
-    return out, {name: cfg for name, (cfg, _) in best.items()}
+    return out, best
 
 
 def dry_run() -> None:
