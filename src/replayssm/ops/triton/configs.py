@@ -9,9 +9,11 @@ per program). Mamba-2 kernels: the replay T = 1 main launch
 >= 16: the fold is a ``tl.dot``; shared with verification), the verification
 (T > 1) main launch (``mamba2_verify_config``) and the conventional one; the
 weights launch has a fixed shape. GDN: the replay kernel for T = 1
-(``gdn_replay_config``, block >= 16), the verification (T > 1) main launch
-(``gdn_verify_config``) and its fold launch (``gdn_flush_config``, block >= 16),
-and the conventional one; the verification weights launch has a fixed shape.
+(``gdn_replay_config``, block >= 16), the three-launch step's main launch
+(``gdn_main_config``: a T = 1 table for decoding through the three launches,
+``gdn_decode_launches``, and a T > 1 one), its fold launch
+(``gdn_flush_config``, block >= 16), and the conventional one; the weights
+launch has a fixed shape.
 
 The figures behind these choices are in docs/kernels.md (tuning log);
 ``benchmarks/decode_kernels.py --sweep`` (T = 1 main launches) and
@@ -65,11 +67,17 @@ _GDN_REPLAY = {
     (128, 128): LaunchConfig(block=32, split=1, num_warps=4),
 }
 # GDN decoding (T = 1): the single replay kernel (1) or verification's three launches (3), whose main
-# launch then takes the verify table's shape. decode_kernels --sweep, 2026-11-29 15:00: three launches
+# launch then takes `_GDN_DECODE_MAIN`'s shape. decode_kernels --sweep, 2026-11-29 15:00: three launches
 # with one 8-row tile per 1-warp program 200.7 / 361.3 us against 260.9 / 504.3 for the best single
 # kernel (16/32 / 16/64 heads); with 32-row programs of 8 warps (run 5) they had lost.
 _GDN_DECODE_LAUNCHES: dict[tuple[int, int], int] = {
     (128, 128): 3,
+}
+# GDN decoding through the three launches (T = 1): their main launch. decode_kernels --sweep, 2026-11-29
+# 15:30, after the main launch forms all T corrected updates at once: 16-row tiles 203.6 / 367.7 us
+# against 210.4 / 381.6 for 8-row tiles (16/32 / 16/64 heads; 8 rows had won, 200.7 / 361.3, before).
+_GDN_DECODE_MAIN = {
+    (128, 128): LaunchConfig(block=16, split=8, num_warps=1),
 }
 # GDN verification (T > 1) main launch: one 8-row tile per 1-warp program (spec_kernels --sweep,
 # 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps).
@@ -128,8 +136,10 @@ def gdn_replay_config(value_dim: int, key_dim: int) -> LaunchConfig:
     return _pick(_GDN_REPLAY, value_dim, key_dim, loop=True)
 
 
-def gdn_verify_config(value_dim: int, key_dim: int) -> LaunchConfig:
-    return _pick(_GDN_VERIFY, value_dim, key_dim, loop=False)
+def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
+    """The three-launch step's main launch: ``_GDN_DECODE_MAIN`` for T = 1, ``_GDN_VERIFY`` for T > 1."""
+    table = _GDN_DECODE_MAIN if num_tokens == 1 else _GDN_VERIFY
+    return _pick(table, value_dim, key_dim, loop=False)
 
 
 def gdn_flush_config(value_dim: int, key_dim: int) -> LaunchConfig:

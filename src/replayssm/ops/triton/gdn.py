@@ -70,8 +70,8 @@ from .configs import (
     gdn_decode_launches,
     gdn_flush_config,
     gdn_fold_in_main,
+    gdn_main_config,
     gdn_replay_config,
-    gdn_verify_config,
 )
 
 
@@ -694,7 +694,7 @@ def _gdn_three_launches(
             BLOCK_J=next_pow2(value_per_key), BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t,
             num_warps=4,
         )  # fmt: skip
-        cfg = config or gdn_verify_config(value_dim, key_dim)
+        cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
         num_tiles, split = _tiles(value_dim, cfg)
         _gdn_main_kernel[(split, value_heads, batch)](
             p_v=v, p_o=o, p_ckpt=checkpoint, p_ring_d=ring_d, p_cursor=cursor, p_pending=pending, p_rows=rows,
