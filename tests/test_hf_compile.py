@@ -151,11 +151,18 @@ def _failing_backend(gm, example_inputs):
     raise RuntimeError("backend refused this graph")
 
 
-@pytest.mark.parametrize("cause", ["backend", "graph_break"])
+@pytest.mark.parametrize("cause", ["backend", "graph_break", "recompile_limit"])
 def test_compile_failure_falls_back_to_eager_with_a_warning(cause, monkeypatch):
     eager = _patched("qwen3_5", False)
     ref_tokens, ref_logits = _generate(eager, PROMPT, do_sample=False)
-    if cause == "backend":
+    if cause == "recompile_limit":
+        # one graph per batch size: a second batch size needs a recompile, over a limit of one
+        model = _patched("qwen3_5", _compile_config())
+        torch._dynamo.reset()
+        _generate(model, torch.cat([PROMPT, PROMPT]), do_sample=False)
+        monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+        match = "RecompileLimit"
+    elif cause == "backend":
         model = _patched("qwen3_5", _compile_config(backend=_failing_backend))
         match = "backend refused"
     else:
@@ -169,7 +176,8 @@ def test_compile_failure_falls_back_to_eager_with_a_warning(cause, monkeypatch):
 
         monkeypatch.setattr(adapter, "replay", breaking)
         match = "graph break|Unsupported"
-    torch._dynamo.reset()
+    if cause != "recompile_limit":
+        torch._dynamo.reset()
     with pytest.warns(RuntimeWarning, match=match):
         tokens, logits = _generate(model, PROMPT, do_sample=False)
     assert torch.equal(tokens, ref_tokens)

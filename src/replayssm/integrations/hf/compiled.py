@@ -87,8 +87,13 @@ import torch
 
 from ... import ops
 
-#: raised by torch.compile while tracing or compiling, before the compiled step runs
-COMPILE_ERRORS: tuple[type[BaseException], ...] = (torch._dynamo.exc.TorchDynamoException,)
+#: raised by torch.compile while tracing or compiling, before the compiled step runs; with fullgraph=True a
+#: step that needs more graphs than dynamo's recompile limit (many batch sizes) raises FailOnRecompileLimitHit,
+#: which is not a TorchDynamoException
+COMPILE_ERRORS: tuple[type[BaseException], ...] = (
+    torch._dynamo.exc.TorchDynamoException,
+    getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", torch._dynamo.exc.TorchDynamoException),
+)
 
 _CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
 _ASSISTED_KWARGS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "candidate_generator")
