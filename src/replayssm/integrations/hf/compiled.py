@@ -33,7 +33,8 @@ What ``patch(model, compile=...)`` adds, as instance attributes removed by
   states and so is never compiled by transformers: a warning says so);
 * ``get_compiled_call`` (installed by every patch): the compiled call with
   value checks off and a fallback: if compiling fails (a graph break under
-  ``fullgraph=True``, a backend failure, an unsupported model), a warning
+  ``fullgraph=True``, a backend failure, an unsupported model, more graphs
+  than dynamo's recompile limit), a warning
   says why and that step and the later ones of this patch run eagerly. A
   compile failure happens before the step runs anything, so nothing is
   half-applied: the eager step gives the same tokens.
