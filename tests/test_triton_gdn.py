@@ -64,15 +64,8 @@ def _gen():
     return torch.Generator().manual_seed(4321)
 
 
-# How a T = 1 step runs: the single replay kernel, or verification's three launches with the fold in
-# a flush launch first or inside the main launch (fold_in_main).
-LAUNCH_FORMS = [
-    pytest.param(1, None, id="single-kernel"),
-    pytest.param(3, False, id="three-launches"),
-    pytest.param(3, True, id="three-launches-fold-in-main"),
-]
-# The three-launch form (any T) with the fold in the flush launch or in the main launch.
-FOLD_IN_MAIN = [pytest.param(False, id="flush-launch"), pytest.param(True, id="fold-in-main")]
+# How a T = 1 step runs: the single replay kernel, or verification's three launches.
+LAUNCH_FORMS = [pytest.param(1, id="single-kernel"), pytest.param(3, id="three-launches")]
 
 
 def _mixed(cursor, num_tokens, window):
@@ -82,12 +75,12 @@ def _mixed(cursor, num_tokens, window):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("launches, fold_in_main", LAUNCH_FORMS)
+@pytest.mark.parametrize("launches", LAUNCH_FORMS)
 @pytest.mark.parametrize("dims, act_dtype, ckpt_dtype, l2norm, tol_out, tol_ckpt", CASES)
-def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_out, tol_ckpt, launches, fold_in_main, device):
+def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_out, tol_ckpt, launches, device):
     """>= 3 window cycles, rows at different ring positions (launches where some rows fold and others
     do not), outputs poisoned before each kernel call; decoding through the single replay kernel and
-    through verification's three launches (fold in the flush launch or in the main launch)."""
+    through verification's three launches."""
     batch, key_heads, value_heads, key_dim, value_dim, window = dims
     gen = _gen()
     slots = batch + 2
@@ -101,7 +94,7 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_
         mixed += _mixed(ours[4][rows], 1, window)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, l2norm, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, l2norm, None, o=o, decode_launches=launches, fold_in_main=fold_in_main)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, l2norm, None, o=o, decode_launches=launches)
         assert rel_err(o, o_ref) < tol_out
         assert rel_err(ours[0], theirs[0]) < tol_ckpt
         for name, a, b in zip(("ring_k", "ring_d", "ring_g"), ours[1:4], theirs[1:4]):
@@ -111,8 +104,8 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("launches, fold_in_main", LAUNCH_FORMS)
-def test_replay_step_uncommitted_and_scale(launches, fold_in_main, device):
+@pytest.mark.parametrize("launches", LAUNCH_FORMS)
+def test_replay_step_uncommitted_and_scale(launches, device):
     """Verification (commit=False) followed by a commit of 0 or 1 entries; an explicit scale."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 3
     gen = _gen()
@@ -123,7 +116,7 @@ def test_replay_step_uncommitted_and_scale(launches, fold_in_main, device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, 0.3)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, 0.3, o=o, decode_launches=launches, fold_in_main=fold_in_main)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, 0.3, o=o, decode_launches=launches)
         assert rel_err(o, o_ref) < 1e-5
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
         accepted = torch.tensor([step % 2, 1], device=device)
@@ -140,11 +133,10 @@ VARIANTS = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fold_in_main", FOLD_IN_MAIN)
 @pytest.mark.parametrize("config", VARIANTS)
-def test_replay_step_launch_variants(config, fold_in_main, device):
+def test_replay_step_launch_variants(config, device):
     """Launch variants the table may pick (tile height, heads split over programs), T = 1 and T = 2
-    (three launches, the fold in the flush launch or in the main launch)."""
+    (three launches)."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 32, 48, 3
     gen = _gen()
     rows = torch.tensor([1, 0], device=device)
@@ -155,15 +147,15 @@ def test_replay_step_launch_variants(config, fold_in_main, device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config, fold_in_main=fold_in_main)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config)
         assert rel_err(o, o_ref) < 1e-5
         for a, b in zip(ours, theirs):
             assert rel_err(a, b) < 1e-5
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("launches, fold_in_main", LAUNCH_FORMS)
-def test_replay_checkpoint_tracks_float64_recurrence(launches, fold_in_main, device):
+@pytest.mark.parametrize("launches", LAUNCH_FORMS)
+def test_replay_checkpoint_tracks_float64_recurrence(launches, device):
     """fp32 checkpoint within 1e-5 of the float64 recurrence after every flush; outputs likewise."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 3, 1, 2, 48, 80, 5
     gen = _gen()
@@ -181,7 +173,7 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, fold_in_main, dev
         flushing = (state[4] == window).cpu()
         o = torch.full_like(v, float("nan")).to(device)
         kernels.gdn_step_out(
-            *(t.to(device) for t in (q, k, v, g, beta)), *state, rows, True, True, None, o=o, decode_launches=launches, fold_in_main=fold_in_main
+            *(t.to(device) for t in (q, k, v, g, beta)), *state, rows, True, True, None, o=o, decode_launches=launches
         )
         for r in range(batch):
             o_r, naive.state[r] = naive.token(r, q[r, 0], k[r, 0], v[r, 0], g[r, 0], beta[r, 0], l2norm=True)
@@ -193,8 +185,7 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, fold_in_main, dev
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fold_in_main", FOLD_IN_MAIN)
-def test_verify_commit_tracks_float64_recurrence(fold_in_main, device):
+def test_verify_commit_tracks_float64_recurrence(device):
     """T = 2..4 tokens per launch, two value heads per key head, each row with its own number of real
     drafts (1..T; the rest is padding, never accepted), random accepted counts: outputs and
     materialize() vs the float64 recurrence over accepted tokens only; ring, checkpoint and cursors vs
@@ -216,7 +207,7 @@ def test_verify_commit_tracks_float64_recurrence(fold_in_main, device):
         mixed += _mixed(ours[4][rows], T, window)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, fold_in_main=fold_in_main)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o)
         assert rel_err(o, o_ref) < 1e-5
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])  # T entries pending
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
@@ -239,22 +230,19 @@ def test_verify_commit_tracks_float64_recurrence(fold_in_main, device):
     assert flushes >= 6 and mixed >= 3
 
 
-# (main launch, flush launch, fold_in_main). With the fold in the main launch (no flush launch): one
-# tile per program, and a program looping over tiles, the last one partly masked (48 = 32 + 16 rows).
+# (main launch, flush launch): a program looping over tiles, the last one partly masked (48 = 32 + 16
+# rows), and one tile per program.
 VERIFY_VARIANTS = [
-    pytest.param(LaunchConfig(16, 2, 4), LaunchConfig(16, 1, 4), False, id="block16-split2-loop"),
-    pytest.param(LaunchConfig(32, 1, 8), LaunchConfig(32, 2, 4), False, id="block32-split1"),
-    pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 3, 2), False, id="block8-split6"),
-    pytest.param(LaunchConfig(32, 1, 8), None, True, id="block32-split1-fold-in-main"),
-    pytest.param(LaunchConfig(8, 6, 1), None, True, id="block8-split6-fold-in-main"),
+    pytest.param(LaunchConfig(16, 2, 4), LaunchConfig(16, 1, 4), id="block16-split2-loop"),
+    pytest.param(LaunchConfig(32, 1, 8), LaunchConfig(32, 2, 4), id="block32-split1"),
+    pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 3, 2), id="block8-split6"),
 ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("config, flush_config, fold_in_main", VERIFY_VARIANTS)
-def test_verify_launch_variants(config, flush_config, fold_in_main, device):
-    """Launch variants of the verification main and fold launches (tile height, tiles per program), T = 2 and 3;
-    with the fold in the main launch, its tiles fold (no flush launch)."""
+@pytest.mark.parametrize("config, flush_config", VERIFY_VARIANTS)
+def test_verify_launch_variants(config, flush_config, device):
+    """Launch variants of the verification main and fold launches (tile height, tiles per program), T = 2 and 3."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 32, 48, 4
     gen = _gen()
     rows = torch.tensor([1, 0], device=device)
@@ -266,7 +254,7 @@ def test_verify_launch_variants(config, flush_config, fold_in_main, device):
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(
-            q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config, flush_config=flush_config, fold_in_main=fold_in_main
+            q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config, flush_config=flush_config
         )
         assert rel_err(o, o_ref) < 1e-5
         for a, b in zip(ours, theirs):
@@ -274,11 +262,10 @@ def test_verify_launch_variants(config, flush_config, fold_in_main, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fold_in_main", FOLD_IN_MAIN)
 @pytest.mark.parametrize(
     "ckpt_dtype, l2norm, tol", [(torch.float32, True, 1e-5), (torch.float16, False, 2e-3)], ids=["ck_fp32", "ck_fp16-no_l2norm"]
 )
-def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, fold_in_main, device):
+def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, device):
     """T = 5..8 with a window of 8 (T = L folds every row that holds an entry), explicit scale,
     random accepted counts; a checkpoint in a narrower dtype: outputs from the checkpoint as stored."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 8
@@ -291,7 +278,7 @@ def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, fold_in_main, device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, l2norm, num_tokens=T)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, l2norm, 0.2)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, l2norm, 0.2, o=o, fold_in_main=fold_in_main)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, l2norm, 0.2, o=o)
         assert rel_err(o, o_ref) < tol
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
         accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
@@ -352,8 +339,8 @@ def test_snapshot_baseline_writes_every_state(device):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("launches, fold_in_main", LAUNCH_FORMS)
-def test_long_run_tracks_float64_recurrence(launches, fold_in_main):
+@pytest.mark.parametrize("launches", LAUNCH_FORMS)
+def test_long_run_tracks_float64_recurrence(launches):
     """4096 steps (819 flushes per row): the fp32 checkpoint stays within 1e-5 of a float64 recurrence."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 4, 2, 4, 128, 128, 5
     gen = _gen()
@@ -371,7 +358,7 @@ def test_long_run_tracks_float64_recurrence(launches, fold_in_main):
         before = exact.clone()
         flushing = state[4] == window
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *state, rows, True, True, None, o=o, decode_launches=launches, fold_in_main=fold_in_main)
+        kernels.gdn_step_out(q, k, v, g, beta, *state, rows, True, True, None, o=o, decode_launches=launches)
         kn = k[:, 0].double() * torch.rsqrt((k[:, 0].double() ** 2).sum(-1, keepdim=True) + 1e-6)
         kh = kn.repeat_interleave(rep, dim=1)  # (batch, value_heads, K)
         prev = torch.exp(g[:, 0].double())[..., None, None] * exact
@@ -420,14 +407,13 @@ def test_registered_op_and_cuda_graph():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("fold_in_main", FOLD_IN_MAIN)
-def test_three_launches_cuda_graph(fold_in_main):
-    """The three-launch form (T = 1, 2, 3; fold in the flush or the main launch), captured over two
+def test_three_launches_cuda_graph():
+    """The three-launch form (T = 1, 2, 3), captured over two
     windows of steps (rows fold): the replay equals eager steps exactly."""
 
     def step(inp, state, rows):
         o = torch.empty_like(inp[2])
-        kernels.gdn_step_out(*inp, *state, rows, True, True, None, o=o, decode_launches=3, fold_in_main=fold_in_main)
+        kernels.gdn_step_out(*inp, *state, rows, True, True, None, o=o, decode_launches=3)
         return o
 
     _assert_graph_replays_eager(step, [1 + i % 3 for i in range(8)])

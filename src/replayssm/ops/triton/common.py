@@ -71,7 +71,7 @@ FOLD_CHUNK = tl.constexpr(4)
 @triton.jit
 def fold_rank1_store(b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L, p_tile, m_tile):
     """Fold ``n`` ring entries into a checkpoint tile by rank-1 updates in fp32 and store it:
-    ``S <- w[L] S + sum_{i<n} w[i] u_i[rows] v_i^T`` (u: Mamba-2 x, GDN d, from the ring; v: B or k and
+    ``S <- w[L] S + sum_{i<n} w[i] u_i[rows] v_i^T`` (u: the ring's row-side vectors, Mamba-2 x; v: B and
     w, the weights, from the step's scratch). For tiles of a few rows, too small for a ``tl.dot``. The
     decay comes first, so no second tile-sized accumulator. Returns the tile as stored, in fp32; the
     barrier makes every thread finish reading the ring before the caller overwrites its entries.

@@ -88,19 +88,18 @@ _GDN_VERIFY = {
 _GDN_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=1, num_warps=4),  # 528 us vs 536 for block 32: within noise
 }
-# Where a decode step (T = 1, three-launch form) folds the rows whose ring is full: in the flush launch
-# before the others (False), or inside the main launch's tile programs (True: no flush launch; each
-# program folds its own tile with rank-1 updates and writes it, so exiting programs and a second read of
-# the folded tiles go away). decode_kernels --sweep, 2026-11-29 15:00 (fold loop one entry per
-# iteration): Mamba-2 329.1 / 350.3 / 181.5 us in the main launch against 333.1 / 360.8 / 193.0; GDN
-# 206.9 / 388.4 against 200.7 / 361.3. Verification (T > 1) folds in the flush launch: with a quarter
-# of the rows folding per step the main launch's folding programs cost more (spec_kernels --sweep,
-# T = 4: Mamba-2 727 / 778 us against 602 / 651; GDN 637 against 523).
+# Where a Mamba-2 decode step (T = 1) folds the rows whose ring is full: in the flush launch before the
+# others (False), or inside the main launch's tile programs (True: no flush launch; each program folds
+# its own tile with rank-1 updates and writes it, so exiting programs and a second read of the folded
+# tiles go away). decode_kernels --sweep, 2026-11-29 15:00 (fold loop one entry per iteration): 329.1 /
+# 350.3 / 181.5 us in the main launch against 333.1 / 360.8 / 193.0. Verification (T > 1) folds in the
+# flush launch: with a quarter of the rows folding per step the main launch's folding programs cost
+# more (spec_kernels --sweep, T = 4: 727 / 778 us against 602 / 651). The same variant for GDN lost in
+# every run (decode 206.9-228.8 against 200.7-210.4 us, verify 637 against 523) and was removed.
 _MAMBA2_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {
     (80, 128): True,
     (64, 128): True,
 }
-_GDN_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {}
 _GDN_CONVENTIONAL = {
     (128, 128): LaunchConfig(block=32, split=4, num_warps=8),
 }
@@ -159,7 +158,3 @@ def mamba2_fold_in_main(head_dim: int, state_size: int, num_tokens: int) -> bool
     """Whether a Mamba-2 replay step folds full rings inside its main launch (else in a flush launch first)."""
     return num_tokens == 1 and _MAMBA2_FOLD_IN_MAIN.get((head_dim, state_size), False)
 
-
-def gdn_fold_in_main(value_dim: int, key_dim: int, num_tokens: int) -> bool:
-    """Whether GDN's three-launch step folds full rings inside its main launch (else in a flush launch first)."""
-    return num_tokens == 1 and _GDN_FOLD_IN_MAIN.get((value_dim, key_dim), False)

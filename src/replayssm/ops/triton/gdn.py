@@ -34,20 +34,6 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
    d entries (one block store each), never the state. One program per row
    moves the cursor.
 
-Fused fold (``fold_in_main=True``, default from ``configs.gdn_fold_in_main``,
-i.e. the ``_GDN_FOLD_IN_MAIN`` table; not yet timed on the GPU): no launch 1.
-The weights launch runs first and, for a row that folds, also saves what the
-fold needs before its append overwrites ring positions 0..T-1: the fold
-weights ``exp(sum_{i<m<cur} g_m)`` and decay ``exp(sum_{i<cur} g_i)`` per
-value head, and the old keys of its key head (fp32), into two more per-call
-scratch tensors; it records the fold as ``pos[b] = -1 - cur`` (otherwise
-``pos[b] = c >= 0``; the main launch takes ``c = max(pos, 0)``). In the main
-launch a folding row's program folds each of its tiles first with rank-1
-updates in fp32 (``S <- decay S + sum_i w_i d_i k_i^T``: decay first, no
-second accumulator; a tile of a few rows is too small for ``tl.dot``), writes
-it in the checkpoint dtype and continues from it as stored; a barrier then
-separates the fold's reads of ``d_i`` from the new d entries written over them.
-Rows that do not fold run as in the three-launch form.
 
 Launches are ordered, which is the only synchronisation between them: each
 ring position and the cursor change only in a launch after every reader of
@@ -63,13 +49,12 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import device_context, fold_rank1_store, fold_store_tile, fold_tile, next_pow2, suffix_sums, uses_float64
+from .common import device_context, fold_store_tile, fold_tile, next_pow2, suffix_sums, uses_float64
 from .configs import (
     LaunchConfig,
     gdn_conventional_config,
     gdn_decode_launches,
     gdn_flush_config,
-    gdn_fold_in_main,
     gdn_main_config,
     gdn_replay_config,
 )
@@ -244,7 +229,7 @@ def _head_suffix_sums(b_rg, o_l):
 
 @triton.jit
 def _gdn_weights_kernel(
-    p_q, p_k, p_g, p_beta, p_ring_k, p_ring_g, p_cursor, p_rows, p_w, p_qk, p_pos, p_wf, p_kf,
+    p_q, p_k, p_g, p_beta, p_ring_k, p_ring_g, p_cursor, p_rows, p_w, p_qk, p_pos,
     s_q_b, s_q_t, s_q_h, s_q_k,
     s_k_b, s_k_t, s_k_h, s_k_k,
     s_g_b, s_g_t, s_g_h,
@@ -253,9 +238,8 @@ def _gdn_weights_kernel(
     s_rg_s, s_rg_l, s_rg_h,
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
-    s_wf_b, s_wf_h, s_kf_b, s_kf_h, s_kf_l,
     K, L, value_per_key, scale,
-    T: tl.constexpr, L2NORM: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
+    T: tl.constexpr, L2NORM: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 2, one program per (key head, row): the main launch's weights, and the append.
@@ -274,13 +258,6 @@ def _gdn_weights_kernel(
     once per key head; the normalised k_t and scaled q_t go to ``qk[b, kh, 0 | 1, t]`` for launch 3.
     Then k_t and g_t are appended at ring position c + t and ``pos[b]`` gets c; launch 3 moves the
     cursor.
-
-    ``FOLD_IN_MAIN`` (no launch 1; this launch runs first): a row with ``cursor + T > L`` folds in
-    launch 3, so before its append overwrites ring positions 0..T-1 this program saves what the fold
-    needs: per value head j, ``wf[b, j, i] = exp(sum_{i<m<cur} g_m)`` for i < cur (0 up to L) and the
-    decay ``exp(sum_{i<cur} g_i)`` at ``wf[b, j, L]``; the old keys ``i < cur`` (fp32) at
-    ``kf[b, kh, i]``. Such a row gets ``pos[b] = -1 - cur`` (launch 3: c = max(pos, 0) = 0, fold the
-    ``-1 - pos`` entries if pos < 0); its weights are those of c = 0 as without the variant.
     """
     i_kh, i_b = tl.program_id(0), tl.program_id(1)
     i_kh64, i_b64 = i_kh.to(tl.int64), i_b.to(tl.int64)
@@ -319,28 +296,7 @@ def _gdn_weights_kernel(
     b_ring_total = tl.sum(b_rg, axis=1)
     p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
     m_wl = m_j[:, None] & (o_l[None, :] < L)
-    b_pos = c_eff
-    if FOLD_IN_MAIN:
-        if cur + T > L:
-            # Save the fold's weights and old keys (entries < cur) before the append below overwrites them.
-            m_hist = o_l < cur
-            b_rg_f = tl.load(
-                p_ring_g + slot * s_rg_s + o_l[None, :] * s_rg_l + o_h[:, None] * s_rg_h, mask=m_j[:, None] & m_hist[None, :], other=0.0
-            ).to(tl.float32)
-            p_wf_rows = p_wf + i_b64 * s_wf_b + o_h * s_wf_h
-            b_wf = tl.where(m_hist[None, :], tl.exp(_head_suffix_sums(b_rg_f, o_l)), 0.0)
-            tl.store(p_wf_rows[:, None] + o_l[None, :], b_wf, mask=m_wl)
-            tl.store(p_wf_rows + L, tl.exp(tl.sum(b_rg_f, axis=1)), mask=m_j)
-            b_rk_f = tl.load(
-                p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h + o_l[:, None] * s_rk_l + o_k[None, :] * s_rk_k,
-                mask=m_hist[:, None] & m_k[None, :], other=0.0,
-            ).to(tl.float32)
-            p_kf_row = p_kf + i_b64 * s_kf_b + i_kh64 * s_kf_h
-            tl.store(p_kf_row + o_l[:, None] * s_kf_l + o_k[None, :], b_rk_f, mask=m_hist[:, None] & m_k[None, :])
-            b_pos = -1 - cur
-    # The qk rows stored above are read back below as vectors, by other threads; and (FOLD_IN_MAIN) the
-    # old ring entries loaded above are read by every thread before the append at the end overwrites them.
-    tl.debug_barrier()
+    tl.debug_barrier()  # the qk rows stored above are read back below as vectors, by other threads
     # N = (I + diag(beta) C)^{-1} diag(beta) per value head, C the causal weights of r (c_ts, s < t):
     # row t is beta_t (e_t - sum_{s<t} c_ts N[s, :]) (forward substitution), kept as (heads, T, T).
     b_N = tl.zeros((BLOCK_J, BLOCK_T, BLOCK_T), dtype=tl.float32)
@@ -372,21 +328,20 @@ def _gdn_weights_kernel(
     tl.store(
         p_ring_g + slot * s_rg_s + (c_eff + o_t[None, :]) * s_rg_l + o_h[:, None] * s_rg_h, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt
     )
-    tl.store(p_pos + i_b, b_pos, mask=i_kh == 0)
+    tl.store(p_pos + i_b, c_eff, mask=i_kh == 0)
 
 
 @triton.jit
 def _gdn_main_kernel(
-    p_v, p_o, p_ckpt, p_ring_d, p_cursor, p_pending, p_rows, p_w, p_qk, p_pos, p_wf, p_kf,
+    p_v, p_o, p_ckpt, p_ring_d, p_cursor, p_pending, p_rows, p_w, p_qk, p_pos,
     s_v_b, s_v_t, s_v_h, s_v_v,
     s_o_b, s_o_t, s_o_h, s_o_v,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
-    s_wf_b, s_wf_h, s_kf_b, s_kf_h, s_kf_l,
     V, K, L, value_per_key,
-    T: tl.constexpr, COMMIT: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -400,21 +355,12 @@ def _gdn_main_kernel(
     the checkpoint. The earlier token-by-token form (d_t to the ring, a barrier, re-read for the next
     token) made the launch latency-bound: 421 us at T = 4 against 144 us at T = 1 (H200, batch 256).
     One program per row moves the cursor: nothing here reads it.
-
-    ``FOLD_IN_MAIN`` (no flush launch): a row with ``pos[b] < 0`` folds its ``n = -1 - pos`` committed
-    entries into each of its tiles first (``fold_rank1_store``: weights and old keys from the weights
-    launch's scratch, d_i from the ring), writes the tile (the only checkpoint write) and goes on from
-    it as stored, with c = 0. Other rows do what they do without the variant.
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_kh = i_h // value_per_key
     i_h64, i_kh64, i_b64 = i_h.to(tl.int64), i_kh.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
-    b_pos = tl.load(p_pos + i_b)
-    if FOLD_IN_MAIN:
-        c_eff = tl.maximum(b_pos, 0)  # pos = -1 - (entries to fold) for a folding row
-    else:
-        c_eff = b_pos
+    c_eff = tl.load(p_pos + i_b)
     if (i_s == 0) & (i_h == 0):
         if COMMIT:
             tl.store(p_cursor + slot, c_eff + T)
@@ -442,12 +388,6 @@ def _gdn_main_kernel(
         o_v, m_v, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
             p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
         )
-        if FOLD_IN_MAIN:
-            if b_pos < 0:
-                b_S = fold_rank1_store(
-                    b_S, -1 - b_pos, p_wf + i_b64 * s_wf_b + i_h64 * s_wf_h, p_ring_row_d, s_rd_l, s_rd_v, o_v, m_v,
-                    p_kf + i_b64 * s_kf_b + i_kh64 * s_kf_h, s_kf_l, o_k, m_k, L, p_tile, m_tile,
-                )  # fmt: skip
         # Per token, the checkpoint + ring parts of r_t and o_t as columns of A and B (rows, tokens): no
         # token reads another's result, so nothing waits on memory between tokens.
         b_A = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
@@ -588,16 +528,14 @@ def _tiles(dim: int, cfg: LaunchConfig) -> tuple[int, int]:
 def gdn_step_out(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
-    flush_config: LaunchConfig | None = None, decode_launches: int | None = None, fold_in_main: bool | None = None,
+    flush_config: LaunchConfig | None = None, decode_launches: int | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
     T = 1 (decoding) runs ``_gdn_replay_kernel`` (``config``, default from the replay table) and the
     append, or, with ``decode_launches=3`` (default from ``gdn_decode_launches``), the three launches
     of verification. T > 1 (verification) runs ``_gdn_flush_kernel`` (``flush_config``),
-    ``_gdn_weights_kernel`` and ``_gdn_main_kernel`` (``config``, default from the verify table).
-    ``fold_in_main`` (default from ``gdn_fold_in_main``) selects the fused-fold form of the three
-    launches: no flush launch, the main launch folds (``flush_config`` is then unused).
+    ``_gdn_weights_kernel`` and ``_gdn_main_kernel`` (``config``, default from ``gdn_main_config``).
     """
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -608,7 +546,6 @@ def gdn_step_out(
     if num_tokens > 1 or decode_launches == 3:
         _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config,
-            fold_in_main,
         )  # fmt: skip
         return
     window = ring_k.shape[1]
@@ -640,26 +577,18 @@ def gdn_step_out(
 
 def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
-    rows, commit, use_qk_l2norm, scale, o, config, flush_config, fold_in_main: bool | None = None,
+    rows, commit, use_qk_l2norm, scale, o, config, flush_config,
 ) -> None:  # fmt: skip
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     window = ring_k.shape[1]
     value_per_key = value_heads // key_heads
     block_k, block_l, block_t = next_pow2(key_dim), next_pow2(window), next_pow2(num_tokens)
-    if fold_in_main is None:
-        fold_in_main = gdn_fold_in_main(value_dim, key_dim, num_tokens)
     # Per-call scratch (like the output): weights per (row, value head, token), normalised k / scaled q
-    # per (row, key head), each row's first new ring position (fold_in_main: -1 - entries to fold for
-    # a folding row); fold_in_main: the fold weights and decay per (row, value head), the ring's old
-    # keys per (row, key head).
+    # per (row, key head), each row's first new ring position.
     weights = torch.empty(batch, value_heads, num_tokens, 2 * window + 2 * num_tokens + 1, dtype=torch.float32, device=v.device)
     qk = torch.empty(batch, key_heads, 2, num_tokens, key_dim, dtype=torch.float32, device=v.device)
     pos = torch.empty(batch, dtype=torch.int32, device=v.device)
-    fold_w = fold_k = None
-    if fold_in_main:
-        fold_w = torch.empty(batch, value_heads, window + 1, dtype=torch.float32, device=v.device)
-        fold_k = torch.empty(batch, key_heads, window, key_dim, dtype=torch.float32, device=v.device)
     ck_strides = dict(zip(("s_ck_s", "s_ck_h", "s_ck_v", "s_ck_k"), checkpoint.stride()))
     rk_strides = dict(zip(("s_rk_s", "s_rk_l", "s_rk_h", "s_rk_k"), ring_k.stride()))
     rd_strides = dict(zip(("s_rd_s", "s_rd_l", "s_rd_h", "s_rd_v"), ring_d.stride()))
@@ -667,30 +596,27 @@ def _gdn_three_launches(
     scratch_strides = dict(
         **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
         **dict(zip(("s_qk_b", "s_qk_h", "s_qk_i", "s_qk_t"), qk.stride()[:4])),
-        **dict(zip(("s_wf_b", "s_wf_h"), fold_w.stride()[:2] if fold_in_main else (0, 0))),
-        **dict(zip(("s_kf_b", "s_kf_h", "s_kf_l"), fold_k.stride()[:3] if fold_in_main else (0, 0, 0))),
     )  # fmt: skip
     with device_context(v):
-        if not fold_in_main:
-            fcfg = flush_config or gdn_flush_config(value_dim, key_dim)
-            num_tiles, split = _tiles(value_dim, fcfg)
-            _gdn_flush_kernel[(split, value_heads, batch)](
-                p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
-                **ck_strides, **rk_strides, **rd_strides, **rg_strides,
-                V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens,
-                BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=num_tiles, SPLIT=split,
-                num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
-            )  # fmt: skip
+        fcfg = flush_config or gdn_flush_config(value_dim, key_dim)
+        num_tiles, split = _tiles(value_dim, fcfg)
+        _gdn_flush_kernel[(split, value_heads, batch)](
+            p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
+            **ck_strides, **rk_strides, **rd_strides, **rg_strides,
+            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens,
+            BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=num_tiles, SPLIT=split,
+            num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
+        )  # fmt: skip
         _gdn_weights_kernel[(key_heads, batch)](
             p_q=q, p_k=k, p_g=g, p_beta=beta, p_ring_k=ring_k, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
-            p_w=weights, p_qk=qk, p_pos=pos, p_wf=fold_w, p_kf=fold_k,
+            p_w=weights, p_qk=qk, p_pos=pos,
             **dict(zip(("s_q_b", "s_q_t", "s_q_h", "s_q_k"), q.stride())),
             **dict(zip(("s_k_b", "s_k_t", "s_k_h", "s_k_k"), k.stride())),
             **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
             **dict(zip(("s_beta_b", "s_beta_t", "s_beta_h"), beta.stride())),
             **rk_strides, **rg_strides, **scratch_strides,
             K=key_dim, L=window, value_per_key=value_per_key, scale=_scale(scale, key_dim),
-            T=num_tokens, L2NORM=use_qk_l2norm, FOLD_IN_MAIN=fold_in_main,
+            T=num_tokens, L2NORM=use_qk_l2norm,
             BLOCK_J=next_pow2(value_per_key), BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t,
             num_warps=4,
         )  # fmt: skip
@@ -698,11 +624,11 @@ def _gdn_three_launches(
         num_tiles, split = _tiles(value_dim, cfg)
         _gdn_main_kernel[(split, value_heads, batch)](
             p_v=v, p_o=o, p_ckpt=checkpoint, p_ring_d=ring_d, p_cursor=cursor, p_pending=pending, p_rows=rows,
-            p_w=weights, p_qk=qk, p_pos=pos, p_wf=fold_w, p_kf=fold_k,
+            p_w=weights, p_qk=qk, p_pos=pos,
             **dict(zip(("s_v_b", "s_v_t", "s_v_h", "s_v_v"), v.stride())),
             **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
             **ck_strides, **rd_strides, **scratch_strides,
-            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit, FOLD_IN_MAIN=fold_in_main,
+            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit,
             BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
