@@ -9,6 +9,7 @@ uncaptured patched path exactly (fp32), and that a failed compile falls back
 to eager decoding with a warning. CUDA-graph capture itself needs the GPU.
 """
 
+import contextlib
 import shutil
 import warnings
 
@@ -153,6 +154,11 @@ def _failing_backend(gm, example_inputs):
 
 @pytest.mark.parametrize("cause", ["backend", "graph_break", "recompile_limit"])
 def test_compile_failure_falls_back_to_eager_with_a_warning(cause, monkeypatch):
+    with contextlib.ExitStack() as stack:
+        _check_compile_failure_falls_back(cause, monkeypatch, stack)
+
+
+def _check_compile_failure_falls_back(cause, monkeypatch, stack):
     eager = _patched("qwen3_5", False)
     ref_tokens, ref_logits = _generate(eager, PROMPT, do_sample=False)
     if cause == "recompile_limit":
@@ -160,7 +166,7 @@ def test_compile_failure_falls_back_to_eager_with_a_warning(cause, monkeypatch):
         model = _patched("qwen3_5", _compile_config())
         torch._dynamo.reset()
         _generate(model, torch.cat([PROMPT, PROMPT]), do_sample=False)
-        monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+        stack.enter_context(torch._dynamo.config.patch(recompile_limit=1))  # (monkeypatch's undo deletes it)
         match = "RecompileLimit"
     elif cause == "backend":
         model = _patched("qwen3_5", _compile_config(backend=_failing_backend))
