@@ -376,10 +376,6 @@ SWEEP_REPLAY = {
 }
 
 
-def _sweep_configs(geometry) -> list[StepVariant]:
-    return SWEEP_REPLAY["mamba2" if isinstance(geometry, Mamba2Geometry) else "gdn"]
-
-
 def _time_candidates(name, kind, candidates, check, steps, log) -> tuple[list[dict], tuple | None]:
     """Check each candidate against the reference (``check(cfg)``), time its steps (``steps(cfg)``); returns the
     rows and the fastest (config, us). A candidate that does not compile, or is wrong, is logged and skipped."""
@@ -401,39 +397,29 @@ def _time_candidates(name, kind, candidates, check, steps, log) -> tuple[list[di
     return rows, best
 
 
-def sweep(geometries, device, log) -> tuple[list[dict], dict]:
-    """Time the replay configurations at the headline point; returns the rows and the best config per geometry."""
-    out, best = [], {}
-    for name, geometry in geometries.items():
-        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device, conventional=False)
-        rows, fastest = _time_candidates(
-            name, "replay", _sweep_configs(geometry), case.check_replay, lambda cfg: case.replay_steps(cfg, via_op=False), log
-        )  # fmt: skip
-        out += rows
-        if fastest:
-            best[name] = fastest[0]
-        del case
-        torch.cuda.empty_cache()
-    return out, best
-
-
-# Conventional GDN candidates (Mamba-2's table entry, one 8-row tile per 1-warp program, is at 98-99% of
+# Conventional candidates: GDN's (Mamba-2's table entry, one 8-row tile per 1-warp program, is at 98-99% of
 # its floor): the table's 32-row 8-warp programs and the small-tile shapes that won for the replay kernels.
-SWEEP_CONVENTIONAL_GDN = [LaunchConfig(32, 4, 8), LaunchConfig(8, 16, 1), LaunchConfig(16, 8, 1), LaunchConfig(16, 8, 2), LaunchConfig(32, 4, 4)]
+SWEEP_CONVENTIONAL = {
+    "mamba2": [],
+    "gdn": [LaunchConfig(32, 4, 8), LaunchConfig(8, 16, 1), LaunchConfig(16, 8, 1), LaunchConfig(16, 8, 2), LaunchConfig(32, 4, 4)],
+}
 
 
-def sweep_conventional(geometries, device, log) -> tuple[list[dict], dict]:
-    """Time the conventional GDN kernel's candidates at the headline point; returns the rows and the fastest
-    config per geometry (the headline's baseline then uses it)."""
+def sweep(geometries, device, log, kind: str = "replay") -> tuple[list[dict], dict]:
+    """Time the ``kind`` ("replay" or "conventional") kernel's candidates at the headline point; returns the
+    rows and the fastest config per geometry (the headline then uses it)."""
     out, best = [], {}
     for name, geometry in geometries.items():
-        if isinstance(geometry, Mamba2Geometry):
+        family = "mamba2" if isinstance(geometry, Mamba2Geometry) else "gdn"
+        candidates = SWEEP_REPLAY[family] if kind == "replay" else SWEEP_CONVENTIONAL[family]
+        if not candidates:
             continue
-        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device)
-        rows, fastest = _time_candidates(
-            name, "conventional", SWEEP_CONVENTIONAL_GDN, case.check_conventional,
-            lambda cfg: case.conventional_steps(cfg, via_op=False), log,
-        )  # fmt: skip
+        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device, conventional=kind == "conventional")
+        if kind == "replay":
+            check, steps = case.check_replay, lambda cfg: case.replay_steps(cfg, via_op=False)
+        else:
+            check, steps = case.check_conventional, lambda cfg: case.conventional_steps(cfg, via_op=False)
+        rows, fastest = _time_candidates(name, kind, candidates, check, steps, log)
         out += rows
         if fastest:
             best[name] = fastest[0]
@@ -448,7 +434,7 @@ def dry_run() -> None:
         case = Case(geometry, 3, 4, "cpu")
         for step in case.replay_steps(via_op=False) + case.conventional_steps(via_op=False) + case.replay_steps():
             step()
-        for cfg in [None] + _sweep_configs(geometry):
+        for cfg in [None] + SWEEP_REPLAY["mamba2" if case.mamba2 else "gdn"]:
             for _ in range(case.window + 1):  # every row flushes once, at its own step
                 failure = check_failure(case.check_replay(cfg))
                 assert failure is None, f"dry run {name} {cfg}: the replay step {failure}"
@@ -467,7 +453,7 @@ def dry_run() -> None:
             case.replay_step(pair, main_config, via_op=False, commit=False)
             replayssm.ops.commit(case.state.cursor, case.state.pending, case.rows, accepted)
         if not case.mamba2:
-            for cfg in SWEEP_CONVENTIONAL_GDN:
+            for cfg in SWEEP_CONVENTIONAL["gdn"]:
                 failure = check_failure(case.check_conventional(cfg))
                 assert failure is None, f"dry run {name} conventional {cfg}: {failure}"
         cfg = mamba2_replay_config(16, 16) if case.mamba2 else gdn_replay_config(16, 16)
@@ -579,7 +565,7 @@ def main() -> None:
         result["sweep"], chosen = sweep(geometries, device, log)
         result["chosen_replay_config"] = {k: v.as_dict() for k, v in chosen.items()}
         log("chosen replay configs: " + json.dumps(result["chosen_replay_config"]))
-        conventional_rows, chosen_conventional = sweep_conventional(geometries, device, log)
+        conventional_rows, chosen_conventional = sweep(geometries, device, log, kind="conventional")
         result["sweep"] += conventional_rows
         result["chosen_conventional_config"] = {k: v.as_dict() for k, v in chosen_conventional.items()}
         log("chosen conventional configs: " + json.dumps(result["chosen_conventional_config"]))

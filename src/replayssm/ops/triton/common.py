@@ -63,36 +63,6 @@ def fold_store_tile(b_S, b_decay, b_U, b_W, p_tile, m_tile):
     return b_stored.to(tl.float32)
 
 
-# Ring entries per iteration of ``fold_rank1_store``'s loop: their loads are issued together, so a
-# fold costs n / FOLD_CHUNK round trips to L2 instead of n.
-FOLD_CHUNK = tl.constexpr(4)
-
-
-@triton.jit
-def fold_rank1_store(b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L, p_tile, m_tile):
-    """Fold ``n`` ring entries into a checkpoint tile by rank-1 updates in fp32 and store it:
-    ``S <- w[L] S + sum_{i<n} w[i] u_i[rows] v_i^T`` (u: the ring's row-side vectors, Mamba-2 x; v: B and
-    w, the weights, from the step's scratch). For tiles of a few rows, too small for a ``tl.dot``. The
-    decay comes first, so no second tile-sized accumulator. Returns the tile as stored, in fp32; the
-    barrier makes every thread finish reading the ring before the caller overwrites its entries.
-    """
-    b_S = b_S * tl.load(p_w + L)
-    for i0 in range(0, n, FOLD_CHUNK):
-        for j in tl.static_range(FOLD_CHUNK):
-            i = i0 + j
-            live = i < n
-            m_u = tl.where(live, m_row, False)  # (a bool scalar in a mask trips the interpreter)
-            m_v = tl.where(live, m_k, False)
-            b_u = tl.load(p_u + i * s_u_l + o_row * s_u_row, mask=m_u, other=0.0).to(tl.float32)
-            b_v = tl.load(p_v + i * s_v_l + o_k, mask=m_v, other=0.0)
-            b_w = tl.where(live, tl.load(p_w + tl.minimum(i, L)), 0.0)  # w[i >= n] is unwritten scratch
-            b_S += (b_w * b_u)[:, None] * b_v[None, :]
-    b_stored = b_S.to(p_tile.dtype.element_ty)
-    tl.store(p_tile, b_stored, mask=m_tile)
-    tl.debug_barrier()
-    return b_stored.to(tl.float32)
-
-
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
