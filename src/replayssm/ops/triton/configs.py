@@ -33,9 +33,13 @@ class LaunchConfig:
     split: int  # programs per head (1 = one program loops over all tiles of its head)
     num_warps: int
     num_stages: int = 1
+    # How the kernel forms its result, where a kernel has more than one way (e.g. per token or as one
+    # block of tokens); "" is the kernel's default form. Each kernel documents the forms it knows.
+    form: str = ""
 
     def as_dict(self) -> dict:
-        return {"block": self.block, "split": self.split, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        out = {"block": self.block, "split": self.split, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        return {**out, "form": self.form} if self.form else out
 
 
 # (dim, key_dim) -> config, fp32 state. Keys: head_dim x state_size (Mamba-2), value_dim x key_dim (GDN).
