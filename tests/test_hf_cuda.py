@@ -109,3 +109,31 @@ def test_assisted_prompt_lookup_is_exact_fp32():
         assert torch.equal(out.sequences, expected), f"{model_type}: prompt lookup differs from greedy"
         cache = testing.output_cache(out)
         assert sum(layer.rolled_back for layer in cache.layers if isinstance(layer, ReplayLayerMixin)) > 0, model_type
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5"])
+def test_captured_assisted_equals_eager_patched_bf16(model_type):
+    """Not yet run on a GPU. Captured verification (verify.py) under the default compile=True config (inductor,
+    CUDA graphs): prompt lookup and a perturbed-copy assistant give the eager patched assisted tokens, every
+    verification through the compiled call, no fallback, no step without CUDA graphs."""
+    from torch._dynamo.utils import counters
+    from test_hf_assisted import _assistant_for
+
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]], device="cuda")
+    kwargs = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    assistant = _assistant_for(testing.tiny_model(model_type, dtype=torch.bfloat16)).to("cuda")
+    modes = (dict(prompt_lookup_num_tokens=3), dict(assistant_model=assistant))
+    eager = _model(model_type, compile=False)
+    expected = [eager.generate(prompt, **mode, **kwargs) for mode in modes]
+    del eager
+
+    model = _model(model_type, compile=True)
+    torch._dynamo.reset()
+    counters.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback or "decoding eagerly" warns: fail instead
+        for mode, ref_tokens in zip(modes, expected):
+            for _ in range(2):  # a new cache per call: the graphs are re-recorded
+                assert torch.equal(model.generate(prompt, **mode, **kwargs), ref_tokens), f"{model_type} {sorted(mode)}"
+    assert model._replayssm.compile_failure is None and model._replayssm.captured_verifications > 0
+    assert counters["inductor"]["cudagraph_skips"] == 0, "inductor ran a verification without CUDA graphs"

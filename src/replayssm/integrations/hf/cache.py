@@ -83,6 +83,9 @@ class ReplayLayerMixin(ABC):
         self.rolled_back = 0  # tokens taken back by crops, over the layer's life (for tests and the demo)
         self.seen_tokens = 0  # tokens the state holds (what get_seq_length reports for all-SSM caches)
         self.shrink_after_crop = False  # the ring grew for a prefill's rollable tail: restore the window at the next crop
+        #: captured verification (verify.py): host bookkeeping runs outside the step, the conv window is static
+        self.captured = False
+        self._verify_cols = None  # the conv columns of the last verification (a static buffer when captured)
 
     # -- what transformers calls -----------------------------------------------
 
@@ -105,8 +108,36 @@ class ReplayLayerMixin(ABC):
     def is_croppable(self) -> bool:
         return self.replay_adapter.context.step == "replay"
 
+    def update_conv_state(self, conv_states: Tensor, state_idx: int = 0, **kwargs) -> Tensor:
+        if not self.captured:
+            return self._replay_base.update_conv_state(self, conv_states, state_idx, **kwargs)
+        # Captured verification: the window keeps its static address; the new columns wait for crop.
+        if self._verify_cols is not None and self._verify_cols.shape == conv_states.shape:
+            self._verify_cols.copy_(conv_states)
+        else:  # a verification longer than the captured length (run eagerly)
+            self._verify_cols = conv_states
+        return torch.cat([self.conv_states[0], conv_states], dim=-1)
+
+    def enter_captured(self, columns: int) -> None:
+        """Switch to captured verification (after the first crop): static conv window and column buffer."""
+        conv = self.conv_states[0]
+        window = conv[..., -self.conv_kernel_size[0] :].clone()
+        self._verify_cols = conv.new_zeros(*conv.shape[:-1], columns)
+        for t in (window, self._verify_cols):
+            torch._dynamo.mark_static_address(t)
+        self.conv_states[0] = window
+        self.captured = True
+
     def crop(self, tokens_to_remove: int) -> None:
         tokens_to_remove = int(tokens_to_remove)  # transformers 5.17's assisted decoding passes a 0-d tensor
+        if self.captured:
+            n = -tokens_to_remove
+            if not 0 <= n <= self._pending:
+                raise RuntimeError(f"replayssm: captured verification cannot crop({tokens_to_remove}) after {self._pending} tokens")
+            window = self.conv_states[0]
+            window.copy_(torch.cat([window, self._verify_cols[..., : self._pending - n]], dim=-1)[..., -window.shape[-1] :])
+            self._rollback(n)
+            return
         if not self.is_croppable:
             raise RuntimeError("replayssm: a model patched with step='conventional' cannot roll back (crop)")
         if tokens_to_remove > 0:
@@ -121,6 +152,7 @@ class ReplayLayerMixin(ABC):
             self._rollback(-tokens_to_remove)
 
     def reset(self) -> None:
+        self.captured = False
         self._replay_base.reset(self)
         if self.replay is not None:
             self.replay.reset()
@@ -172,8 +204,12 @@ class ReplayLayerMixin(ABC):
         """Bookkeeping before a replay step of ``num_tokens`` per row; returns the op's ``commit`` flag.
 
         Outside past recording this reads no device value (a decode step under
-        torch.compile sees constants only) and the step commits at once.
+        torch.compile sees constants only) and the step commits at once. A
+        captured verification did this before the step (``plan_step``).
         """
+        return False if self.captured else self.plan_step(num_tokens)
+
+    def plan_step(self, num_tokens: int) -> bool:
         if self._pending:
             self._commit_pending(self._pending)
         if not self.record_past:
@@ -193,7 +229,7 @@ class ReplayLayerMixin(ABC):
         return False
 
     def end_step(self, num_tokens: int, committed: bool) -> None:
-        if not committed:
+        if not committed and not self.captured:
             self._pending = num_tokens
 
     def _commit_pending(self, accepted: int) -> None:

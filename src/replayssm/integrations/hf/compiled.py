@@ -30,7 +30,9 @@ What ``patch(model, compile=...)`` adds, as instance attributes removed by
 * ``generate``: a wrapper that asks for the static cache and the compile
   config unless the call says otherwise (a cache, ``cache_implementation``
   or ``compile_config`` of its own; assisted decoding, which records past
-  states and so is never compiled by transformers: a warning says so);
+  states and so is never compiled by transformers: verify.py captures its
+  verifications where the draft length is bounded, otherwise a warning says
+  it decodes eagerly);
 * ``get_compiled_call`` (installed by every patch): the compiled call with
   value checks off and a fallback: if compiling fails (a graph break under
   ``fullgraph=True``, a backend failure, an unsupported model, more graphs
@@ -87,6 +89,7 @@ import warnings
 import torch
 
 from ... import ops
+from . import verify
 
 #: raised by torch.compile while tracing or compiling, before the compiled step runs; with fullgraph=True a
 #: step that needs more graphs than dynamo's recompile limit (many batch sizes) raises FailOnRecompileLimitHit,
@@ -322,6 +325,11 @@ def _generate_wrapper(model, context):
         generation_config = kwargs.get("generation_config")
         chosen = kwargs.get("cache_implementation") or getattr(generation_config, "cache_implementation", None)
         chosen = chosen or getattr(model.generation_config, "cache_implementation", None)
+        length = verify.verify_len(kwargs, model) if assisted else None
+        if length is not None and user_cache is None and chosen is None:
+            out = verify.run_assisted(model, context, original, args, kwargs, length)
+            if out is not None:
+                return out
         if assisted:
             warnings.warn(
                 f"replayssm: compile=True does not capture assisted decoding ({assisted[0]}=...): its steps record past "

@@ -37,6 +37,9 @@ class PatchContext:
         self.compile_failure: str | None = None
         #: why inductor ran the compiled step without CUDA graphs (warned once; tokens unaffected), or None
         self.cudagraph_skip: str | None = None
+        #: inside a verification forward of captured assisted decoding (verify.py), and how many ran compiled
+        self.verifying = False
+        self.captured_verifications = 0
         #: instance attributes of the model set by patch (beyond _replayssm/_is_stateful) and what they shadowed
         self.model_attributes: dict[str, tuple[bool, object]] = {}
         self.model_name = type(model).__name__
