@@ -312,6 +312,35 @@ def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: tor
     return new_tokens / statistics.median(times[1:] or times), out  # the first run warms up
 
 
+def captured_assisted(
+    model, name: str, config, compile_kwargs: dict, new_tokens: int, repeats: int, device, lookup: int, eager_lookup_out
+) -> list[dict]:
+    """Greedy and prompt lookup at batch 1 under ``patch(model, compile=...)`` with ``compile_kwargs`` (on CUDA
+    what ``compile=True`` does: inductor, CUDA graphs): decode steps and verification forwards (padded to
+    ``lookup + 1``) through the compiled call; the tokens are compared with captured greedy and with eager
+    patched prompt lookup, and the count of verifications that ran captured is recorded."""
+    from transformers import CompileConfig
+
+    replayssm.patch(model, config, compile=CompileConfig(**{"mode": None, **compile_kwargs}))
+    try:
+        greedy_tps, greedy_out = assisted_tokens_per_second(model, new_tokens, repeats, device, None)
+        lookup_tps, lookup_out = assisted_tokens_per_second(model, new_tokens, repeats, device, lookup)
+        context = model._replayssm
+        return [
+            {"model": name, "method": "greedy, captured", "tokens_per_s": greedy_tps},
+            {
+                "model": name, "method": f"prompt lookup {lookup}, captured", "tokens_per_s": lookup_tps,
+                "identical_to_greedy": bool(torch.equal(greedy_out, lookup_out)),
+                "first_difference": _first_difference(greedy_out, lookup_out),
+                "identical_to_eager_lookup": bool(torch.equal(lookup_out, eager_lookup_out)),
+                "captured_verifications": context.captured_verifications, "compile_failure": context.compile_failure,
+            },
+        ]  # fmt: skip
+    finally:
+        replayssm.unpatch(model)
+        torch._dynamo.reset()
+
+
 def measure_mode(
     model,
     mode: str,
@@ -548,6 +577,8 @@ def main(argv: list[str] | None = None) -> None:
             lookup_tps, lookup_out = assisted_tokens_per_second(model, new_tokens, repeats, device, args.lookup)
             identical = bool(torch.equal(greedy_out, lookup_out))
             replayssm.unpatch(model)
+            if args.captured:  # the same runs through patch(compile=...): captured verification
+                assisted += captured_assisted(model, name, config, compile_kwargs, new_tokens, repeats, device, args.lookup, lookup_out)
             # The same comparison in fp32, where verification and decoding agree to fp32 rounding.
             replayssm.patch(model.float(), config)
             _, greedy32 = assisted_tokens_per_second(model, new_tokens, 0, device, None)
@@ -573,7 +604,11 @@ def main(argv: list[str] | None = None) -> None:
     for a in assisted:
         extra = ""
         if "identical_to_greedy" in a:
-            extra = f" (identical to greedy: {a['identical_to_greedy']}, first difference at {a['first_difference']}; in fp32: {a['identical_to_greedy_fp32']})"
+            extra = f" (identical to greedy: {a['identical_to_greedy']}, first difference at {a['first_difference']}"
+            if "identical_to_greedy_fp32" in a:
+                extra += f"; in fp32: {a['identical_to_greedy_fp32']})"
+            else:
+                extra += f"; to eager lookup: {a['identical_to_eager_lookup']}; captured verifications {a['captured_verifications']})"
         print(f"{a['model']:<16} batch 1 {a['method']:<18} {a['tokens_per_s']:>10.1f} tok/s{extra}")
 
     plot(rows, assisted, args.out / "generate.png")

@@ -40,6 +40,11 @@ def test_generate_benchmark_smoke(bench, tmp_path, capsys):
         assert row["kernel_ms_per_step"][mode] is None
         assert row["wall_seconds"][mode] > 0
     assert [a for a in result["assisted"] if "identical_to_greedy" in a][0]["identical_to_greedy"]
+    # --captured: the assisted runs again through patch(compile=...), every verification captured
+    captured = {a["method"]: a for a in result["assisted"] if a["method"].endswith(", captured")}
+    assert set(captured) == {"greedy, captured", "prompt lookup 8, captured"}
+    lookup = captured["prompt lookup 8, captured"]
+    assert lookup["identical_to_eager_lookup"] and lookup["compile_failure"] is None and lookup["captured_verifications"] > 0
     out = capsys.readouterr().out
     assert "qwen3_5-like batch 2 replay-captured: " in out  # a progress line per mode
     assert "| qwen3_5-like | 2 |" in out  # the table
