@@ -231,6 +231,7 @@ def _capture_failure(exc: BaseException) -> tuple[str, str | None] | None:
     reason = f"{type(captures[-1]).__name__}: {_reason(captures[-1])}"  # the root cause is the last in the chain
     frames = [tb.tb_frame for e in chain for tb in _traceback(e)]
     _restore_stream(frames)
+    _release_generator()
     if not any(f.f_code.co_name == "_record" and "cudagraph_trees" in f.f_code.co_filename for f in frames):
         return reason, "not raised by inductor's CUDA-graph recording, so what ran is unknown"
     owners = [f.f_locals.get("self") for f in frames]
@@ -256,6 +257,23 @@ def _restore_stream(frames) -> None:
         graph = frame.f_locals.get("self") if frame.f_code.co_name == "__exit__" else None
         if isinstance(graph, torch.cuda.graph):
             graph.stream_ctx.__exit__(None, None, None)
+
+
+def _release_generator() -> None:
+    """Unmark the device's default RNG as capturing. ``capture_end`` raised before its generator epilogue ran, so
+    torch still counts the generator as inside a capture, and every random op after (sampling in ``generate``,
+    inductor's own benchmarking) would fail with "Offset increment outside graph capture". If so, swap in a copy
+    of its state: same seed and offset, not capturing. (Graphs recorded earlier keep the old state object; after a
+    fallback this model's graphs are not replayed.)"""
+    if not torch.cuda.is_initialized():
+        return  # no capture ran (the CPU tests' simulated failures)
+    try:
+        torch.empty(1, device="cuda").uniform_()  # only a generator left capturing raises here
+    except RuntimeError as err:
+        if "outside graph capture" not in str(err):
+            raise
+        generator = torch.cuda.default_generators[torch.cuda.current_device()]
+        generator.graphsafe_set_state(generator.clone_state())
 
 
 # --- steps compiled without CUDA graphs --------------------------------------------------------------

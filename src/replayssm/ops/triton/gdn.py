@@ -657,7 +657,7 @@ def gdn_step(
     args = (q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale)
     if uses_float64(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g):
         return reference.gdn_step(*args)
-    o = torch.empty_like(v)
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # contiguous, as the fake kernel says (v may be strided)
     gdn_step_out(*args, o=o)
     return o
 
@@ -697,6 +697,6 @@ def gdn_conventional_step(q, k, v, g, beta, state, rows, use_qk_l2norm: bool, sc
     """Conventional step: Triton in fp32/fp16/bf16, the reference for fp64."""
     if uses_float64(q, k, v, g, beta, state):
         return reference.gdn_conventional_step(q, k, v, g, beta, state, rows, use_qk_l2norm, scale)
-    o = torch.empty_like(v)
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # contiguous, as the fake kernel says (v may be strided)
     gdn_conventional_step_out(q, k, v, g, beta, state, rows, use_qk_l2norm, scale, o=o)
     return o

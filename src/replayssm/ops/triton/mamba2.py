@@ -573,7 +573,7 @@ def mamba2_step(
     args = (x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus)
     if uses_float64(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay):
         return reference.mamba2_step(*args)
-    y = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, as the fake kernel says (x may be strided)
     mamba2_step_out(*args, y=y)
     return y
 
@@ -614,6 +614,6 @@ def mamba2_conventional_step(x, dt, A, B, C, D, dt_bias, z, state, rows, dt_soft
     """Conventional step: Triton in fp32/fp16/bf16, the reference for fp64."""
     if uses_float64(x, dt, A, B, C, D, dt_bias, z, state):
         return reference.mamba2_conventional_step(x, dt, A, B, C, D, dt_bias, z, state, rows, dt_softplus)
-    y = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, as the fake kernel says (x may be strided)
     mamba2_conventional_step_out(x, dt, A, B, C, D, dt_bias, z, state, rows, dt_softplus, y=y)
     return y
