@@ -156,8 +156,10 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     if isinstance(geometry, Mamba2Geometry):
         dim, key_dim = geometry.head_dim, geometry.state_size
         main = ("_MAMBA2_VERIFY", [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 4)])
-        # the main launch's "tokens" form: the T outputs of a tile as one block (_mamba2_main_kernel)
+        # the main launch's token-block forms: the T outputs of a tile as one block, N at once or in chunks
+        # (_mamba2_main_kernel)
         forms = [("tokens", block, warps) for block, warps in [(8, 1), (8, 2), (16, 1), (16, 2)]]
+        forms += [("tokens_chunked", block, warps) for block, warps in [(8, 1), (16, 1)]]
     else:
         dim, key_dim = geometry.value_dim, geometry.key_dim
         main = ("_GDN_VERIFY", [(8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8)])

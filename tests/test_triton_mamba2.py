@@ -138,7 +138,7 @@ VARIANTS = [
     pytest.param(LaunchConfig(16, 1, 2), None, id="block16-split1-fold-in-main"),
     # the main launch's forms (_mamba2_main_kernel): T outputs as one block, the whole-ring folds
     pytest.param(LaunchConfig(8, 6, 1, form="tokens"), LaunchConfig(16, 1, 4), id="block8-tokens"),
-    pytest.param(LaunchConfig(16, 1, 2, form="tokens"), LaunchConfig(16, 1, 4), id="block16-split1-tokens"),
+    pytest.param(LaunchConfig(16, 1, 2, form="tokens_chunked"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-chunked"),
     pytest.param(LaunchConfig(8, 6, 1, form="fold_unrolled"), None, id="block8-fold-unrolled-in-main"),
     pytest.param(LaunchConfig(16, 3, 1, form="tokens+fold_dot"), None, id="block16-tokens-fold-dot-in-main"),
 ]
@@ -213,11 +213,12 @@ def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, config, devic
     assert checked >= 6
 
 
-# Verification with the token block (head_dim 16: one or two tiles), after either fold.
+# Verification with the token block (head_dim 16: one or two tiles), after either fold; 16 rows on one
+# warp with N chunks gives 2 chunks of 16 at T = 3, 4 (one at T = 2).
 VERIFY_FORMS = main_launch_forms(
     (False, LaunchConfig(8, 2, 1, form="tokens"), "fold-launch-tokens-block8"),
     (True, LaunchConfig(16, 1, 2, form="tokens+fold_dot"), "fold-in-main-tokens-fold-dot-block16"),
-    (True, LaunchConfig(8, 2, 1, form="tokens+fold_unrolled"), "fold-in-main-tokens-unrolled-block8"),
+    (True, LaunchConfig(16, 1, 1, form="tokens_chunked+fold_unrolled"), "fold-in-main-tokens-chunked-unrolled-block16"),
 )
 
 
@@ -393,7 +394,7 @@ def test_commit_kernel_matches_reference(device):
     assert torch.equal(cursor, theirs[0]) and torch.equal(pending, theirs[1])
 
 
-@pytest.mark.parametrize("form", ["token", "tokens+fold_dot+fold_unrolled"])
+@pytest.mark.parametrize("form", ["token", "tokens+tokens_chunked", "tokens+fold_dot+fold_unrolled"])
 def test_unknown_main_form_is_rejected(form):
     with pytest.raises(ValueError, match="no form"):
         kernels._main_form(LaunchConfig(16, 1, 1, form=form), 4, 4, 128)
@@ -402,3 +403,10 @@ def test_unknown_main_form_is_rejected(form):
 def test_fold_dot_needs_16_rows():
     with pytest.raises(ValueError, match="block >= 16"):
         kernels._main_form(LaunchConfig(8, 1, 1, form="fold_dot"), 1, 1, 128)
+
+
+def test_token_block_chunks():
+    """"tokens" takes N at once; "tokens_chunked" sizes chunks to 32 accumulators per thread."""
+    chunk = lambda form, block, warps, block_t: kernels._main_form(LaunchConfig(block, 1, warps, form=form), 4, block_t, 128)["N_CHUNK"]  # noqa: E731
+    assert chunk("tokens", 16, 1, 4) == 128
+    assert [chunk("tokens_chunked", 8, 1, 4), chunk("tokens_chunked", 16, 1, 4), chunk("tokens_chunked", 16, 2, 8)] == [32, 16, 16]

@@ -357,10 +357,14 @@ def _mamba2_main_kernel(
       ``fold_ring_store``'s chunked loop.
     * ``"tokens"`` (``TOKEN_BLOCK``, T > 1 only): all T outputs of the tile as one block. The C block
       (T, N), the weights block (T, L + 1 + T), the ring x slice and the new x are each loaded once;
-      ``S C^T`` is a (T, rows, N_CHUNK) broadcast product accumulated over N chunks (the tile is read
-      chunk by chunk: bounded registers, every load independent of the FMAs) and reduced once; y is
-      stored as a (T, rows) block. A folding tile is folded and stored first, then re-read by chunk
+      ``S C^T`` is one (T, rows, N) broadcast product reduced once (one set of cross-thread
+      reductions for all T, where the per-token form has T); y is stored as a (T, rows) block. The
+      tile is loaded as a (1, rows, N) block so that it lands in the product's layout (a 2D load
+      is converted through shared memory). A folding tile is folded and stored first, then re-read
       (its own writes, visible after the fold's barrier).
+    * ``"tokens_chunked"``: the same with the product accumulated over N chunks of N_CHUNK columns
+      (fewer registers; sm_90 compiles show some chunks' loads issued after the C chunks' layout
+      conversions, whose barriers may serialise them).
     * ``"fold_unrolled"`` / ``"fold_dot"`` (``FOLD_FORM``, with ``FOLD_IN_MAIN``): how a full ring is
       folded (``fold_ring_store``): rank-1 updates unrolled over the whole ring, or one ``tl.dot``
       (block >= 16).
@@ -435,13 +439,14 @@ def _mamba2_main_kernel(
             b_w_ring = tl.load(p_w_tok[:, None] + o_l[None, :], mask=m_t[:, None] & m_ring[None, :], other=0.0)
             b_w_new = tl.load(p_w_tok[:, None] + (L + 1) + o_t[None, :], mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.0)
             # S C^T: products summed over the N chunks in registers, one cross-thread reduction at the end.
+            # The tile chunk is loaded in 3D (the product's layout); C, small, is the operand converted.
             b_SC = tl.zeros((BLOCK_T, BLOCK_P, N_CHUNK), dtype=tl.float32)
             for k in tl.static_range(BLOCK_N // N_CHUNK):
                 o_nk = k * N_CHUNK + tl.arange(0, N_CHUNK)
                 m_nk = o_nk < N
-                b_S_k = tl.load(p_rows_ck[:, None] + o_nk[None, :] * s_ck_n, mask=m_p[:, None] & m_nk[None, :], other=0.0)
+                b_S_k = tl.load(p_rows_ck[None, :, None] + o_nk[None, None, :] * s_ck_n, mask=m_p[None, :, None] & m_nk[None, None, :], other=0.0)
                 b_C_k = tl.load(p_C_row + o_t[:, None] * s_C_t + o_nk[None, :] * s_C_n, mask=m_t[:, None] & m_nk[None, :], other=0.0)
-                b_SC += b_C_k.to(tl.float32)[:, None, :] * b_S_k.to(tl.float32)[None, :, :]
+                b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
             b_Y = b_decay_t[:, None] * tl.sum(b_SC, axis=2)
             b_Y += tl.sum(b_w_ring[:, :, None] * b_rx[None, :, :], axis=1)
             b_Y += tl.sum(b_w_new[:, :, None] * b_xn.to(tl.float32)[None, :, :], axis=1)
@@ -555,15 +560,18 @@ _TOKEN_BLOCK_REGISTERS = 32
 def _main_form(cfg: LaunchConfig, num_tokens: int, block_t: int, block_n: int) -> dict:
     """``_mamba2_main_kernel``'s form constexprs from ``cfg.form`` (words joined by "+"; see its docstring)."""
     words = set(filter(None, cfg.form.split("+")))
-    unknown = words - {"tokens", *_MAIN_FOLD_FORMS}
-    if unknown or len(words & set(_MAIN_FOLD_FORMS)) > 1:
+    token_forms = words & {"tokens", "tokens_chunked"}
+    unknown = words - {"tokens", "tokens_chunked", *_MAIN_FOLD_FORMS}
+    if unknown or len(token_forms) > 1 or len(words & set(_MAIN_FOLD_FORMS)) > 1:
         raise ValueError(f"_mamba2_main_kernel has no form {cfg.form!r}")
     fold_form = next((_MAIN_FOLD_FORMS[w] for w in words if w in _MAIN_FOLD_FORMS), FOLD_CHUNKED.value)
     if fold_form == FOLD_DOT.value and cfg.block < 16:
         raise ValueError(f"form fold_dot needs block >= 16 (a tl.dot), got {cfg.block}")
-    per_chunk = 32 * cfg.num_warps * _TOKEN_BLOCK_REGISTERS // (block_t * cfg.block)
-    n_chunk = min(block_n, max(1, next_pow2(per_chunk + 1) // 2))  # the power of two <= per_chunk
-    return dict(TOKEN_BLOCK="tokens" in words and num_tokens > 1, FOLD_FORM=fold_form, N_CHUNK=n_chunk)
+    n_chunk = block_n
+    if "tokens_chunked" in words:
+        per_chunk = 32 * cfg.num_warps * _TOKEN_BLOCK_REGISTERS // (block_t * cfg.block)
+        n_chunk = min(block_n, max(1, next_pow2(per_chunk + 1) // 2))  # the power of two <= per_chunk
+    return dict(TOKEN_BLOCK=bool(token_forms) and num_tokens > 1, FOLD_FORM=fold_form, N_CHUNK=n_chunk)
 
 
 def mamba2_step_out(
