@@ -177,7 +177,7 @@ def main_launch_forms(*forms):
 
 # Decoding with the main launch's whole-ring folds.
 DECODE_FOLDS = main_launch_forms(
-    (True, LaunchConfig(8, 10, 1, form="fold_unrolled"), "fold-in-main-unrolled-block8"),
+    (True, LaunchConfig(16, 5, 1, form="fold_unrolled"), "fold-in-main-unrolled-block16"),
     (True, LaunchConfig(16, 5, 1, form="fold_dot"), "fold-in-main-dot-block16"),
 )
 
