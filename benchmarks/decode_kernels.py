@@ -368,6 +368,12 @@ SWEEP_REPLAY = {
         StepVariant(LaunchConfig(8, 64, 1), fold_in_main=False), StepVariant(LaunchConfig(16, 64, 1), fold_in_main=False),
         StepVariant(LaunchConfig(8, 64, 1), fold_in_main=True), StepVariant(LaunchConfig(16, 64, 1), fold_in_main=True),
         StepVariant(LaunchConfig(16, 64, 2), fold_in_main=True),
+        # the main launch's whole-ring folds (_mamba2_main_kernel forms): rank-1 updates unrolled over the
+        # ring (no load waits on an FMA; 16 rows on one warp would take 255 registers on sm_90), and for
+        # 16-row tiles one tl.dot from two block loads
+        StepVariant(LaunchConfig(8, 64, 1, form="fold_unrolled"), fold_in_main=True),
+        StepVariant(LaunchConfig(16, 64, 1, form="fold_dot"), fold_in_main=True),
+        StepVariant(LaunchConfig(16, 64, 2, form="fold_dot"), fold_in_main=True),
     ],
     "gdn": [
         StepVariant(LaunchConfig(16, 1, 2), 1), StepVariant(LaunchConfig(32, 1, 4), 1), StepVariant(LaunchConfig(16, 2, 2), 1),

@@ -156,14 +156,20 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     if isinstance(geometry, Mamba2Geometry):
         dim, key_dim = geometry.head_dim, geometry.state_size
         main = ("_MAMBA2_VERIFY", [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 4)])
+        # the main launch's token-block forms: the T outputs of a tile as one block, N at once or in chunks
+        # (_mamba2_main_kernel)
+        forms = [("tokens", block, warps) for block, warps in [(8, 1), (8, 2), (16, 1), (16, 2)]]
+        forms += [("tokens_chunked", block, warps) for block, warps in [(8, 1), (16, 1)]]
     else:
         dim, key_dim = geometry.value_dim, geometry.key_dim
         main = ("_GDN_VERIFY", [(8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8)])
+        forms = []
     tiles = lambda block: -(-dim // block)  # noqa: E731
     out = []
     name, shapes = main
     if hasattr(configs, name):
         candidates = [LaunchConfig(block, tiles(block), warps) for block, warps in shapes]
+        candidates += [LaunchConfig(block, tiles(block), warps, form=form) for form, block, warps in forms]
         out.append((name, getattr(configs, name), (dim, key_dim), candidates + [LaunchConfig(16, 1, 2), LaunchConfig(32, 1, 4)]))
     flush_table = "_MAMBA2_FLUSH" if isinstance(geometry, Mamba2Geometry) else "_GDN_FLUSH"
     if hasattr(configs, flush_table):

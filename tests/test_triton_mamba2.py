@@ -136,6 +136,11 @@ VARIANTS = [
     pytest.param(LaunchConfig(16, 3, 1), LaunchConfig(16, 1, 4), id="block16-1warp-one-tile-per-program"),
     pytest.param(LaunchConfig(8, 6, 1), None, id="block8-one-tile-per-program-fold-in-main"),
     pytest.param(LaunchConfig(16, 1, 2), None, id="block16-split1-fold-in-main"),
+    # the main launch's forms (_mamba2_main_kernel): T outputs as one block, the whole-ring folds
+    pytest.param(LaunchConfig(8, 6, 1, form="tokens"), LaunchConfig(16, 1, 4), id="block8-tokens"),
+    pytest.param(LaunchConfig(16, 1, 2, form="tokens_chunked"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-chunked"),
+    pytest.param(LaunchConfig(8, 6, 1, form="fold_unrolled"), None, id="block8-fold-unrolled-in-main"),
+    pytest.param(LaunchConfig(16, 3, 1, form="tokens+fold_dot"), None, id="block16-tokens-fold-dot-in-main"),
 ]
 
 
@@ -163,9 +168,23 @@ def test_replay_step_launch_variants(config, flush_config, device):
             assert rel_err(a, b) < 1e-5
 
 
+def main_launch_forms(*forms):
+    """Parametrize ``fold_in_main, config``: the flush launch and the fold in the main launch with the
+    tables' configs, then ``forms`` ((fold_in_main, main launch config, id) each)."""
+    tables = [pytest.param(False, None, id="fold-launch"), pytest.param(True, None, id="fold-in-main")]
+    return pytest.mark.parametrize("fold_in_main, config", tables + [pytest.param(f, c, id=i) for f, c, i in forms])
+
+
+# Decoding with the main launch's whole-ring folds.
+DECODE_FOLDS = main_launch_forms(
+    (True, LaunchConfig(16, 5, 1, form="fold_unrolled"), "fold-in-main-unrolled-block16"),
+    (True, LaunchConfig(16, 5, 1, form="fold_dot"), "fold-in-main-dot-block16"),
+)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@FOLD
-def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, device):
+@DECODE_FOLDS
+def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, config, device):
     """fp32 checkpoint within 1e-5 of the float64 recurrence after every flush; outputs likewise."""
     batch, heads, head_dim, state_size, groups, window = 3, 2, 80, 48, 1, 5
     gen = _gen()
@@ -184,7 +203,7 @@ def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, device):
         before = naive.state.clone()
         flushing = (state[5] == window).cpu()
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *state, rows, True, True, y=y, fold_in_main=fold_in_main)
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *state, rows, True, True, y=y, config=config, fold_in_main=fold_in_main)
         for r in range(batch):
             y_r, naive.state[r] = naive.token(r, cpu(x[r, 0]), cpu(dt[r, 0]), cpu(A), cpu(B[r, 0]), cpu(C[r, 0]), cpu(D), cpu(dt_bias), cpu(z[r, 0]))
             assert rel_err(y[r, 0].cpu(), y_r) < 1e-5
@@ -194,9 +213,18 @@ def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, device):
     assert checked >= 6
 
 
+# Verification with the token block (head_dim 16: one or two tiles), after either fold; 16 rows on one
+# warp with N chunks gives 2 chunks of 16 at T = 3, 4 (one at T = 2).
+VERIFY_FORMS = main_launch_forms(
+    (False, LaunchConfig(8, 2, 1, form="tokens"), "fold-launch-tokens-block8"),
+    (True, LaunchConfig(16, 1, 2, form="tokens+fold_dot"), "fold-in-main-tokens-fold-dot-block16"),
+    (True, LaunchConfig(16, 1, 1, form="tokens_chunked+fold_unrolled"), "fold-in-main-tokens-chunked-unrolled-block16"),
+)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@FOLD
-def test_verify_commit_tracks_float64_recurrence(fold_in_main, device):
+@VERIFY_FORMS
+def test_verify_commit_tracks_float64_recurrence(fold_in_main, config, device):
     """T = 2..4 tokens per launch, each row with its own number of real drafts (1..T; the rest is
     padding, never accepted), random accepted counts: outputs and materialize() vs the float64
     recurrence over accepted tokens only; ring, checkpoint and cursors vs the reference, across flushes."""
@@ -218,7 +246,7 @@ def test_verify_commit_tracks_float64_recurrence(fold_in_main, device):
         flushes += int((ours[5][rows] + T > window).sum())
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, False, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y, fold_in_main=fold_in_main)
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y, config=config, fold_in_main=fold_in_main)
         assert rel_err(y, y_ref) < 1e-5
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
         accepted = (torch.rand(batch, generator=gen) * (drafts + 1)).long().clamp(max=drafts).to(device)
@@ -364,3 +392,21 @@ def test_commit_kernel_matches_reference(device):
     commit(cursor, pending, rows, accepted)
     ref.commit(*theirs, rows, accepted)
     assert torch.equal(cursor, theirs[0]) and torch.equal(pending, theirs[1])
+
+
+@pytest.mark.parametrize("form", ["token", "tokens+tokens_chunked", "tokens+fold_dot+fold_unrolled"])
+def test_unknown_main_form_is_rejected(form):
+    with pytest.raises(ValueError, match="no form"):
+        kernels._main_form(LaunchConfig(16, 1, 1, form=form), 4, 4, 128)
+
+
+def test_fold_dot_needs_16_rows():
+    with pytest.raises(ValueError, match="block >= 16"):
+        kernels._main_form(LaunchConfig(8, 1, 1, form="fold_dot"), 1, 1, 128)
+
+
+def test_token_block_chunks():
+    """"tokens" takes N at once; "tokens_chunked" sizes chunks to 32 accumulators per thread."""
+    chunk = lambda form, block, warps, block_t: kernels._main_form(LaunchConfig(block, 1, warps, form=form), 4, block_t, 128)["N_CHUNK"]  # noqa: E731
+    assert chunk("tokens", 16, 1, 4) == 128
+    assert [chunk("tokens_chunked", 8, 1, 4), chunk("tokens_chunked", 16, 1, 4), chunk("tokens_chunked", 16, 2, 8)] == [32, 16, 16]

@@ -52,30 +52,62 @@ from .configs import (
 )
 
 
-# Ring entries per iteration of ``fold_rank1_store``'s loop: their loads are issued together, so a
+# Ring entries per iteration of ``fold_ring_store``'s chunked loop: their loads are issued together, so a
 # fold costs n / FOLD_CHUNK round trips to L2 instead of n.
 FOLD_CHUNK = tl.constexpr(4)
+# How the main launch folds a full ring into a tile (``fold_ring_store``; forms "", "fold_unrolled", "fold_dot").
+FOLD_CHUNKED = tl.constexpr(0)
+FOLD_UNROLLED = tl.constexpr(1)
+FOLD_DOT = tl.constexpr(2)
 
 
 @triton.jit
-def fold_rank1_store(b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L, p_tile, m_tile):
-    """Fold ``n`` ring entries into a checkpoint tile by rank-1 updates in fp32 and store it:
+def _ring_rank1_term(i, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L):
+    """``w[i] u_i[rows] v_i^T`` (fp32) for ring entry ``i < n``, zero for ``i >= n`` (nothing is loaded)."""
+    live = i < n
+    m_u = tl.where(live, m_row, False)  # (a bool scalar in a mask trips the interpreter)
+    m_v = tl.where(live, m_k, False)
+    b_u = tl.load(p_u + i * s_u_l + o_row * s_u_row, mask=m_u, other=0.0).to(tl.float32)
+    b_v = tl.load(p_v + i * s_v_l + o_k, mask=m_v, other=0.0)
+    b_w = tl.where(live, tl.load(p_w + tl.minimum(i, L)), 0.0)  # w[i >= n] is unwritten scratch
+    return (b_w * b_u)[:, None] * b_v[None, :]
+
+
+@triton.jit
+def fold_ring_store(
+    b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L, p_tile, m_tile,
+    FORM: tl.constexpr, BLOCK_L: tl.constexpr,
+):  # fmt: skip
+    """Fold ``n`` ring entries into a checkpoint tile in fp32 and store it:
     ``S <- w[L] S + sum_{i<n} w[i] u_i[rows] v_i^T`` (u: x from the ring; v: B and w, the weights,
-    from the step's scratch). For tiles of a few rows, too small for a ``tl.dot``. The
-    decay comes first, so no second tile-sized accumulator. Returns the tile as stored, in fp32; the
-    barrier makes every thread finish reading the ring before the caller overwrites its entries.
+    from the step's scratch). Returns the tile as stored, in fp32; the barrier makes every thread
+    finish reading the ring before the caller overwrites its entries. ``FORM``:
+
+    * ``FOLD_CHUNKED``: rank-1 updates in a loop over groups of FOLD_CHUNK entries; each group waits
+      for its loads (n / FOLD_CHUNK round trips to L2).
+    * ``FOLD_UNROLLED``: rank-1 updates unrolled over all BLOCK_L entries (masked beyond n): no load
+      depends on an FMA, so the scheduler may issue every entry's loads before the first update.
+    * ``FOLD_DOT``: x and B loaded as two blocks (one round trip) and one rank-L ``tl.dot`` in fp32
+      (``ieee``); tiles of >= 16 rows, BLOCK_L >= 16.
+
+    The decay comes first in the rank-1 forms, so no second tile-sized accumulator.
     """
-    b_S = b_S * tl.load(p_w + L)
-    for i0 in range(0, n, FOLD_CHUNK):
-        for j in tl.static_range(FOLD_CHUNK):
-            i = i0 + j
-            live = i < n
-            m_u = tl.where(live, m_row, False)  # (a bool scalar in a mask trips the interpreter)
-            m_v = tl.where(live, m_k, False)
-            b_u = tl.load(p_u + i * s_u_l + o_row * s_u_row, mask=m_u, other=0.0).to(tl.float32)
-            b_v = tl.load(p_v + i * s_v_l + o_k, mask=m_v, other=0.0)
-            b_w = tl.where(live, tl.load(p_w + tl.minimum(i, L)), 0.0)  # w[i >= n] is unwritten scratch
-            b_S += (b_w * b_u)[:, None] * b_v[None, :]
+    if FORM == FOLD_DOT:
+        o_l = tl.arange(0, BLOCK_L)
+        m_l = o_l < n
+        b_wu = tl.load(p_w + o_l, mask=m_l, other=0.0)  # w[i >= n] is unwritten scratch
+        b_U = tl.load(p_u + o_l[:, None] * s_u_l + o_row[None, :] * s_u_row, mask=m_l[:, None] & m_row[None, :], other=0.0)
+        b_V = tl.load(p_v + o_l[:, None] * s_v_l + o_k[None, :], mask=m_l[:, None] & m_k[None, :], other=0.0)
+        b_S = fold_tile(b_S, tl.load(p_w + L), b_U.to(tl.float32) * b_wu[:, None], b_V)
+    else:
+        b_S = b_S * tl.load(p_w + L)
+        if FORM == FOLD_UNROLLED:
+            for i in tl.static_range(BLOCK_L):
+                b_S += _ring_rank1_term(i, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L)
+        else:
+            for i0 in range(0, n, FOLD_CHUNK):
+                for j in tl.static_range(FOLD_CHUNK):
+                    b_S += _ring_rank1_term(i0 + j, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L)
     b_stored = b_S.to(p_tile.dtype.element_ty)
     tl.store(p_tile, b_stored, mask=m_tile)
     tl.debug_barrier()
@@ -304,6 +336,7 @@ def _mamba2_main_kernel(
     s_fB_b, s_fB_g, s_fB_l,
     P, N, L, heads_per_group,
     T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
+    TOKEN_BLOCK: tl.constexpr, FOLD_FORM: tl.constexpr, N_CHUNK: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -315,7 +348,27 @@ def _mamba2_main_kernel(
     ``FOLD_IN_MAIN`` (no launch 1): a row with ``pos = -1 - n`` first folds its n ring entries into
     the tile, ``S <- decay S + sum_i (exp(G_i) dt_i x_i) B_i^T`` by rank-1 updates in fp32 (the tile
     is too small for a ``tl.dot``; the weights and B come from launch 2's fold scratch), writes the
-    tile (the step's only state write) and continues from it as stored, with an empty ring."""
+    tile (the step's only state write) and continues from it as stored, with an empty ring.
+
+    Forms (``LaunchConfig.form``, words joined by "+"; the launcher turns them into constexprs):
+
+    * ``""``: for T > 1 one token at a time (C_t, the weights row, a 128-wide reduction of S C_t and
+      a short one over the ring: T dependent round trips and reductions per program); folds by
+      ``fold_ring_store``'s chunked loop.
+    * ``"tokens"`` (``TOKEN_BLOCK``, T > 1 only): all T outputs of the tile as one block. The C block
+      (T, N), the weights block (T, L + 1 + T), the ring x slice and the new x are each loaded once;
+      ``S C^T`` is one (T, rows, N) broadcast product reduced once (one set of cross-thread
+      reductions for all T, where the per-token form has T); y is stored as a (T, rows) block. The
+      tile is loaded as a (1, rows, N) block so that it lands in the product's layout (a 2D load
+      is converted through shared memory). A folding tile is folded and stored first, then re-read
+      (its own writes, visible after the fold's barrier).
+    * ``"tokens_chunked"``: the same with the product accumulated over N chunks of N_CHUNK columns
+      (fewer registers; sm_90 compiles show some chunks' loads issued after the C chunks' layout
+      conversions, whose barriers may serialise them).
+    * ``"fold_unrolled"`` / ``"fold_dot"`` (``FOLD_FORM``, with ``FOLD_IN_MAIN``): how a full ring is
+      folded (``fold_ring_store``): rank-1 updates unrolled over the whole ring, or one ``tl.dot``
+      (block >= 16).
+    """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_g = i_h // heads_per_group
     i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
@@ -354,13 +407,18 @@ def _mamba2_main_kernel(
         o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
         m_p = o_p < P
         m_out = tl.where(live, m_p, False)  # (m_p & live: a bool scalar in a mask trips the interpreter)
-        p_tile = p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n
-        b_S = tl.load(p_tile, mask=m_out[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+        p_rows_ck = p_ck_head + o_p.to(tl.int64) * s_ck_p
+        p_tile = p_rows_ck[:, None] + o_n[None, :] * s_ck_n
+        if not TOKEN_BLOCK:  # (the token block reads the tile by N chunks, after any fold)
+            b_S = tl.load(p_tile, mask=m_out[:, None] & m_n[None, :], other=0.0).to(tl.float32)
         if FOLD_IN_MAIN:
             if n_fold >= 0:
-                b_S = fold_rank1_store(
+                if TOKEN_BLOCK:
+                    b_S = tl.load(p_tile, mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+                b_S = fold_ring_store(
                     b_S, n_fold, p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h, p_ring_row_x, s_rx_l, s_rx_p, o_p, m_p,
                     p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g, s_fB_l, o_n, m_n, L, p_tile, m_p[:, None] & m_n[None, :],
+                    FORM=FOLD_FORM, BLOCK_L=BLOCK_L,
                 )  # fmt: skip
         b_rx = tl.load(
             p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_ring[:, None] & m_p[None, :], other=0.0
@@ -373,6 +431,30 @@ def _mamba2_main_kernel(
                 b_y = b_y * b_z * sigmoid(b_z)
             tl.store(p_y + i_b64 * s_y_b + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_out)
             tl.store(p_ring_row_x + c_eff * s_rx_l + o_p * s_rx_p, b_x_raw.to(p_ring_x.dtype.element_ty), mask=m_p)
+        elif TOKEN_BLOCK:
+            m_tp = m_t[:, None] & m_p[None, :]
+            b_xn = tl.load(p_x_row + o_t[:, None] * s_x_t + o_p[None, :] * s_x_p, mask=m_tp, other=0.0)
+            p_w_tok = p_w_row + o_t * s_w_t
+            b_decay_t = tl.load(p_w_tok + L, mask=m_t, other=0.0)
+            b_w_ring = tl.load(p_w_tok[:, None] + o_l[None, :], mask=m_t[:, None] & m_ring[None, :], other=0.0)
+            b_w_new = tl.load(p_w_tok[:, None] + (L + 1) + o_t[None, :], mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.0)
+            # S C^T: products summed over the N chunks in registers, one cross-thread reduction at the end.
+            # The tile chunk is loaded in 3D (the product's layout); C, small, is the operand converted.
+            b_SC = tl.zeros((BLOCK_T, BLOCK_P, N_CHUNK), dtype=tl.float32)
+            for k in tl.static_range(BLOCK_N // N_CHUNK):
+                o_nk = k * N_CHUNK + tl.arange(0, N_CHUNK)
+                m_nk = o_nk < N
+                b_S_k = tl.load(p_rows_ck[None, :, None] + o_nk[None, None, :] * s_ck_n, mask=m_p[None, :, None] & m_nk[None, None, :], other=0.0)
+                b_C_k = tl.load(p_C_row + o_t[:, None] * s_C_t + o_nk[None, :] * s_C_n, mask=m_t[:, None] & m_nk[None, :], other=0.0)
+                b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
+            b_Y = b_decay_t[:, None] * tl.sum(b_SC, axis=2)
+            b_Y += tl.sum(b_w_ring[:, :, None] * b_rx[None, :, :], axis=1)
+            b_Y += tl.sum(b_w_new[:, :, None] * b_xn.to(tl.float32)[None, :, :], axis=1)
+            if HAS_Z:
+                b_Z = tl.load(p_z + i_b64 * s_z_b + o_t[:, None] * s_z_t + i_h64 * s_z_h + o_p[None, :] * s_z_p, mask=m_tp, other=0.0).to(tl.float32)
+                b_Y = b_Y * b_Z * sigmoid(b_Z)
+            tl.store(p_y + i_b64 * s_y_b + o_t[:, None] * s_y_t + i_h64 * s_y_h + o_p[None, :] * s_y_p, b_Y.to(p_y.dtype.element_ty), mask=m_tp)
+            tl.store(p_ring_row_x + (c_eff + o_t[:, None]) * s_rx_l + o_p[None, :] * s_rx_p, b_xn.to(p_ring_x.dtype.element_ty), mask=m_tp)
         else:
             b_xn = tl.load(p_x_row + o_t[:, None] * s_x_t + o_p[None, :] * s_x_p, mask=m_t[:, None] & m_p[None, :], other=0.0)
             b_xn_f = b_xn.to(tl.float32)
@@ -470,6 +552,28 @@ def _tiles(dim: int, cfg: LaunchConfig) -> tuple[int, int]:
     return num_tiles, min(cfg.split, num_tiles)
 
 
+_MAIN_FOLD_FORMS = {"fold_unrolled": FOLD_UNROLLED.value, "fold_dot": FOLD_DOT.value}
+# fp32 accumulators per thread for the token block's (T, rows, N_CHUNK) product.
+_TOKEN_BLOCK_REGISTERS = 32
+
+
+def _main_form(cfg: LaunchConfig, num_tokens: int, block_t: int, block_n: int) -> dict:
+    """``_mamba2_main_kernel``'s form constexprs from ``cfg.form`` (words joined by "+"; see its docstring)."""
+    words = set(filter(None, cfg.form.split("+")))
+    token_forms = words & {"tokens", "tokens_chunked"}
+    unknown = words - {"tokens", "tokens_chunked", *_MAIN_FOLD_FORMS}
+    if unknown or len(token_forms) > 1 or len(words & set(_MAIN_FOLD_FORMS)) > 1:
+        raise ValueError(f"_mamba2_main_kernel has no form {cfg.form!r}")
+    fold_form = next((_MAIN_FOLD_FORMS[w] for w in words if w in _MAIN_FOLD_FORMS), FOLD_CHUNKED.value)
+    if fold_form == FOLD_DOT.value and cfg.block < 16:
+        raise ValueError(f"form fold_dot needs block >= 16 (a tl.dot), got {cfg.block}")
+    n_chunk = block_n
+    if "tokens_chunked" in words:
+        per_chunk = 32 * cfg.num_warps * _TOKEN_BLOCK_REGISTERS // (block_t * cfg.block)
+        n_chunk = min(block_n, max(1, next_pow2(per_chunk + 1) // 2))  # the power of two <= per_chunk
+    return dict(TOKEN_BLOCK=bool(token_forms) and num_tokens > 1, FOLD_FORM=fold_form, N_CHUNK=n_chunk)
+
+
 def mamba2_step_out(
     x, dt, A, B, C, D, dt_bias, z,
     checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending,
@@ -481,7 +585,8 @@ def mamba2_step_out(
     Three launches for any T: ``_mamba2_flush_kernel`` (``flush_config``), ``_mamba2_weights_kernel``,
     ``_mamba2_main_kernel`` (``config``; default from the replay table for T = 1, the verify table
     for T > 1). ``fold_in_main`` (default from ``mamba2_fold_in_main``): no flush launch; the main
-    launch folds full rings tile by tile.
+    launch folds full rings tile by tile. ``config.form`` picks the main launch's form (see
+    ``_mamba2_main_kernel``).
     """
     batch, num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[2], B.shape[3]
@@ -559,7 +664,7 @@ def mamba2_step_out(
             **fold_strides,
             P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group,
             T=num_tokens, COMMIT=commit, HAS_Z=z is not None, FOLD_IN_MAIN=fold_in_main,
-            BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
+            **_main_form(config, num_tokens, block_t, block_n), BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
 
