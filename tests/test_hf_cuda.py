@@ -118,7 +118,7 @@ def test_assisted_prompt_lookup_is_exact_fp32():
 
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5"])
 def test_captured_assisted_equals_eager_patched_bf16(model_type):
-    """Not yet run on a GPU. Captured verification (verify.py) under the default compile=True config (inductor,
+    """Captured verification (verify.py) under the default compile=True config (inductor,
     CUDA graphs): prompt lookup and a perturbed-copy assistant give the eager patched assisted tokens, every
     verification through the compiled call, no fallback, no step without CUDA graphs."""
     from torch._dynamo.utils import counters
