@@ -185,7 +185,8 @@ class Case:
             return replayssm.ops.gdn_step(*inp, *tensors, self.rows, commit, True, None)
         o = torch.empty_like(inp[2])
         gdn_kernels.gdn_step_out(
-            *inp, *tensors, self.rows, commit, True, None, o=o, config=variant.config, decode_launches=variant.launches
+            *inp, *tensors, self.rows, commit, True, None, o=o, config=variant.config, decode_launches=variant.launches,
+            flush_config=variant.flush, weights_config=variant.weights,
         )  # fmt: skip
         return o
 
@@ -347,22 +348,35 @@ def measure_point(
 @dataclass(frozen=True)
 class StepVariant:
     """A replay step launched otherwise than its tables say: ``config`` is the main launch's (GDN's single
-    kernel's); ``launches=3``: a GDN decode step through verification's three launches; ``fold_in_main``
-    (Mamba-2): full rings folded inside the main launch (no flush launch). None: the table's choice."""
+    kernel's); ``launches=3``: a GDN decode step through verification's three launches, whose fold and
+    weights launches take ``flush`` and ``weights``; ``fold_in_main`` (Mamba-2): full rings folded inside
+    the main launch (no flush launch). None: the table's choice."""
 
     config: LaunchConfig | None
     launches: int | None = None
     fold_in_main: bool | None = None
+    flush: LaunchConfig | None = None
+    weights: LaunchConfig | None = None
 
     def as_dict(self) -> dict:
-        return {**(self.config.as_dict() if self.config else {}), "launches": self.launches, "fold_in_main": self.fold_in_main}
+        out = {**(self.config.as_dict() if self.config else {}), "launches": self.launches, "fold_in_main": self.fold_in_main}
+        for name, cfg in (("flush", self.flush), ("weights", self.weights)):
+            if cfg is not None:
+                out[name] = cfg.as_dict()
+        return out
 
 
 # Replay T = 1 candidates, each explicit about the choices the tables make (so a table change does not
 # change what a candidate means). Mamba-2: its main launch (split 64: one tile per program at these
 # sizes), full rings folded in a flush launch or in the main launch; GDN: its single replay kernel
 # (block >= 16, the fold is a tl.dot), and the three launches with small-tile main shapes (one tile per
-# 1-warp program).
+# 1-warp program), their main launch's "tokens" form, fold launches whose programs check 16 or 32 rows'
+# cursors at once ("rows<R>") or run on fewer warps, and weights launches on fewer warps. The flush and
+# weights variants keep the main launch of _GDN_DECODE_MAIN (16, all, 1 warp) so each change is timed alone.
+_GDN_DECODE_FLUSH_CANDIDATES = [
+    LaunchConfig(16, 1, 2), LaunchConfig(16, 1, 4, form="rows16"), LaunchConfig(16, 64, 2, form="rows16"),
+    LaunchConfig(16, 64, 1, form="rows16"), LaunchConfig(32, 64, 2, form="rows32"), LaunchConfig(16, 1, 2, form="rows32"),
+]  # fmt: skip
 SWEEP_REPLAY = {
     "mamba2": [
         StepVariant(LaunchConfig(8, 64, 1), fold_in_main=False), StepVariant(LaunchConfig(16, 64, 1), fold_in_main=False),
@@ -372,6 +386,14 @@ SWEEP_REPLAY = {
     "gdn": [
         StepVariant(LaunchConfig(16, 1, 2), 1), StepVariant(LaunchConfig(32, 1, 4), 1), StepVariant(LaunchConfig(16, 2, 2), 1),
         StepVariant(LaunchConfig(8, 64, 1), 3), StepVariant(LaunchConfig(16, 64, 1), 3), StepVariant(LaunchConfig(32, 64, 2), 3),
+        StepVariant(LaunchConfig(8, 64, 1, form="tokens"), 3), StepVariant(LaunchConfig(16, 64, 1, form="tokens"), 3),
+        StepVariant(LaunchConfig(32, 64, 2, form="tokens"), 3),
+        *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=flush) for flush in _GDN_DECODE_FLUSH_CANDIDATES),
+        StepVariant(LaunchConfig(16, 64, 1), 3, weights=LaunchConfig(1, 1, 1)),
+        StepVariant(LaunchConfig(16, 64, 1), 3, weights=LaunchConfig(1, 1, 2)),
+        StepVariant(
+            LaunchConfig(16, 64, 1, form="tokens"), 3, flush=LaunchConfig(16, 64, 2, form="rows16"), weights=LaunchConfig(1, 1, 2)
+        ),
     ],
 }
 
