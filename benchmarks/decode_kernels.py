@@ -370,12 +370,13 @@ class StepVariant:
 # change what a candidate means). Mamba-2: its main launch (split 64: one tile per program at these
 # sizes), full rings folded in a flush launch or in the main launch; GDN: its single replay kernel
 # (block >= 16, the fold is a tl.dot), and the three launches with small-tile main shapes (one tile per
-# 1-warp program), their main launch's "tokens" form, fold launches whose programs check 16 or 32 rows'
-# cursors at once ("rows<R>") or run on fewer warps, and weights launches on fewer warps. The flush and
-# weights variants keep the main launch of _GDN_DECODE_MAIN (16, all, 1 warp) so each change is timed alone.
+# 1-warp program), their main launch's "tokens" and "dots" forms, fold launches whose programs check 8-32
+# rows' cursors at once ("rows<R>"; 4 warps or more: with 2 the fold spills on sm_90), and weights launches
+# on other warp counts. The flush and weights variants keep the main launch of _GDN_DECODE_MAIN (16, all,
+# 1 warp) so each change is timed alone; the last candidate combines them.
 _GDN_DECODE_FLUSH_CANDIDATES = [
-    LaunchConfig(16, 1, 2), LaunchConfig(16, 1, 4, form="rows16"), LaunchConfig(16, 64, 2, form="rows16"),
-    LaunchConfig(16, 64, 1, form="rows16"), LaunchConfig(32, 64, 2, form="rows32"), LaunchConfig(16, 1, 2, form="rows32"),
+    LaunchConfig(16, 64, 4), LaunchConfig(16, 1, 4, form="rows16"), LaunchConfig(16, 64, 4, form="rows16"),
+    LaunchConfig(16, 1, 4, form="rows32"), LaunchConfig(16, 64, 4, form="rows8"), LaunchConfig(32, 1, 8, form="rows16"),
 ]  # fmt: skip
 SWEEP_REPLAY = {
     "mamba2": [
@@ -387,12 +388,12 @@ SWEEP_REPLAY = {
         StepVariant(LaunchConfig(16, 1, 2), 1), StepVariant(LaunchConfig(32, 1, 4), 1), StepVariant(LaunchConfig(16, 2, 2), 1),
         StepVariant(LaunchConfig(8, 64, 1), 3), StepVariant(LaunchConfig(16, 64, 1), 3), StepVariant(LaunchConfig(32, 64, 2), 3),
         StepVariant(LaunchConfig(8, 64, 1, form="tokens"), 3), StepVariant(LaunchConfig(16, 64, 1, form="tokens"), 3),
-        StepVariant(LaunchConfig(32, 64, 2, form="tokens"), 3),
+        StepVariant(LaunchConfig(16, 64, 2, form="tokens"), 3),
+        StepVariant(LaunchConfig(16, 64, 2, form="dots"), 3), StepVariant(LaunchConfig(32, 64, 4, form="dots"), 3),
         *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=flush) for flush in _GDN_DECODE_FLUSH_CANDIDATES),
-        StepVariant(LaunchConfig(16, 64, 1), 3, weights=LaunchConfig(1, 1, 1)),
-        StepVariant(LaunchConfig(16, 64, 1), 3, weights=LaunchConfig(1, 1, 2)),
+        *(StepVariant(LaunchConfig(16, 64, 1), 3, weights=LaunchConfig(1, 1, warps)) for warps in (1, 2, 8)),
         StepVariant(
-            LaunchConfig(16, 64, 1, form="tokens"), 3, flush=LaunchConfig(16, 64, 2, form="rows16"), weights=LaunchConfig(1, 1, 2)
+            LaunchConfig(16, 64, 1, form="tokens"), 3, flush=LaunchConfig(16, 1, 4, form="rows16"), weights=LaunchConfig(1, 1, 2)
         ),
     ],
 }

@@ -147,7 +147,7 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     """The launch tables a verify step uses that the sweep tunes: (name, table, this geometry's key, candidates).
 
     The main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel,
-    and one program per head; GDN also in its "tokens" form), the flush launch (``_MAMBA2_FLUSH``, shared
+    and one program per head; GDN also in its "tokens" and "dots" forms), the flush launch (``_MAMBA2_FLUSH``, shared
     with decoding, / ``_GDN_FLUSH``, also with R rows per program, "rows<R>"; block >= 16, its fold is a
     ``tl.dot``) and GDN's weights launch (``_GDN_WEIGHTS``, warps only).
     """
@@ -167,17 +167,19 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     if hasattr(configs, name):
         candidates = [LaunchConfig(block, tiles(block), warps) for block, warps in shapes]
         candidates += [LaunchConfig(16, 1, 2), LaunchConfig(32, 1, 4)]
-        if gdn:  # the T tokens of a tile as one block (gdn.py: _main_tile_tokens)
-            candidates += [LaunchConfig(block, tiles(block), warps, form="tokens") for block, warps in [(8, 1), (16, 1), (16, 2), (32, 4)]]
+        if gdn:  # the T tokens of a tile as one block (gdn.py: _main_tile_tokens / _main_tile_dots, >= 16 rows)
+            forms = [("tokens", 8, 1), ("tokens", 16, 1), ("tokens", 16, 2), ("tokens", 32, 4), ("dots", 16, 2), ("dots", 16, 4), ("dots", 32, 4)]
+            candidates += [LaunchConfig(block, tiles(block), warps, form=form) for form, block, warps in forms]
         out.append((name, getattr(configs, name), (dim, key_dim), candidates))
     flush_table = "_GDN_FLUSH" if gdn else "_MAMBA2_FLUSH"
     if hasattr(configs, flush_table):
         flush = [LaunchConfig(16, 1, 4), LaunchConfig(32, 1, 4), LaunchConfig(16, tiles(16), 4), LaunchConfig(16, tiles(16), 2), LaunchConfig(32, tiles(32), 4)]
-        if gdn:  # several rows' cursors per program (about a quarter of the rows fold per step at T = 4)
+        if gdn:  # several rows' cursors per program (about a quarter of the rows fold per step at T = 4; 4+ warps:
+            # with fewer the fold spills on sm_90)
             flush += [
-                LaunchConfig(16, 1, 4, form="rows4"), LaunchConfig(16, tiles(16), 2, form="rows4"),
-                LaunchConfig(16, tiles(16), 2, form="rows8"), LaunchConfig(16, tiles(16), 1, form="rows8"),
-                LaunchConfig(32, tiles(32), 4, form="rows8"),
+                LaunchConfig(16, 1, 4, form="rows4"), LaunchConfig(16, tiles(16), 4, form="rows4"),
+                LaunchConfig(16, 1, 4, form="rows8"), LaunchConfig(16, tiles(16), 4, form="rows8"),
+                LaunchConfig(32, 1, 8, form="rows4"),
             ]  # fmt: skip
         out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
     if gdn and hasattr(configs, "_GDN_WEIGHTS"):

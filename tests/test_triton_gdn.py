@@ -65,19 +65,24 @@ def _gen():
 
 
 # How a T = 1 step runs (keyword arguments of gdn_step_out): the single replay kernel, verification's three
-# launches, and those with their other forms (main launch "tokens" looping over two tiles per program, the
-# flush launch's "rows2": two rows per program, the last group partly masked at odd batch sizes).
+# launches, and those with their other forms (main launch "tokens", the tile in one key chunk, or "dots",
+# each program looping over two tiles; the flush launch's "rows2" / "rows4": two or four rows per program,
+# the last group partly masked).
 LAUNCH_FORMS = [
     pytest.param({"decode_launches": 1}, id="single-kernel"),
     pytest.param({"decode_launches": 3}, id="three-launches"),
     pytest.param(
         {
             "decode_launches": 3,
-            "config": LaunchConfig(16, 2, 1, form="tokens"),
+            "config": LaunchConfig(16, 2, 4, form="tokens"),
             "flush_config": LaunchConfig(16, 1, 2, form="rows2"),
             "weights_config": LaunchConfig(1, 1, 1),
         },
         id="three-launches-tokens-rows2",
+    ),
+    pytest.param(
+        {"decode_launches": 3, "config": LaunchConfig(16, 2, 2, form="dots"), "flush_config": LaunchConfig(16, 2, 4, form="rows4")},
+        id="three-launches-dots-rows4",
     ),
 ]
 
@@ -199,13 +204,15 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, device):
 
 
 # Verification's launch forms (keyword arguments of gdn_step_out): the tables' and the other forms (main
-# launch "tokens" with the tile read in two 16-column chunks; flush "rows2", the last group partly masked).
+# launch "tokens" with the tile read in 8-column chunks, or "dots"; flush "rows2", the last group
+# partly masked, or "rows4").
 VERIFY_FORMS = [
     pytest.param({}, id="tables"),
     pytest.param(
         {"config": LaunchConfig(16, 1, 1, form="tokens"), "flush_config": LaunchConfig(16, 1, 4, form="rows2")},
         id="tokens-rows2",
     ),
+    pytest.param({"config": LaunchConfig(16, 1, 1, form="dots"), "flush_config": LaunchConfig(16, 1, 4, form="rows4")}, id="dots-rows4"),
 ]
 
 
@@ -257,15 +264,16 @@ def test_verify_commit_tracks_float64_recurrence(forms, device):
 
 
 # (main launch, flush launch): a program looping over tiles, the last one partly masked (48 = 32 + 16
-# rows), and one tile per program; the main launch's "tokens" form with the tile read in 8-column chunks
-# (32 rows x 4 tokens on 1 warp) or in one chunk, and the flush launch's "rows<R>" form (both rows in one
-# program; R = 4 > batch: half of the group masked).
+# rows), and one tile per program; the main launch's "tokens" form (the tile read in 8-column chunks) and
+# "dots" form, and the flush launch's "rows<R>" form (both rows in one program; R = 4 > batch: half of the
+# group masked).
 VERIFY_VARIANTS = [
     pytest.param(LaunchConfig(16, 2, 4), LaunchConfig(16, 1, 4), id="block16-split2-loop"),
     pytest.param(LaunchConfig(32, 1, 8), LaunchConfig(32, 2, 4), id="block32-split1"),
     pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 3, 2), id="block8-split6"),
     pytest.param(LaunchConfig(32, 1, 1, form="tokens"), LaunchConfig(16, 1, 4, form="rows2"), id="tokens-block32-chunk8-rows2"),
     pytest.param(LaunchConfig(8, 6, 1, form="tokens"), LaunchConfig(16, 3, 2, form="rows4"), id="tokens-block8-split6-rows4"),
+    pytest.param(LaunchConfig(16, 2, 1, form="dots"), LaunchConfig(16, 1, 4, form="rows2"), id="dots-block16-split2-loop-rows2"),
 ]
 
 
@@ -294,11 +302,13 @@ def test_verify_launch_variants(config, flush_config, device):
 @pytest.mark.parametrize(
     "config, flush_config",
     [
-        (LaunchConfig(16, 1, 1, form="dots"), None),
+        (LaunchConfig(16, 1, 1, form="dot"), None),
+        (LaunchConfig(8, 2, 1, form="dots"), None),
         (None, LaunchConfig(16, 1, 4, form="rows3")),
+        (None, LaunchConfig(16, 1, 4, form="rows64")),
         (None, LaunchConfig(16, 1, 4, form="rowsx")),
     ],
-    ids=["main-unknown", "flush-rows-not-pow2", "flush-unknown"],
+    ids=["main-unknown", "main-dots-block8", "flush-rows-not-pow2", "flush-rows-too-many", "flush-unknown"],
 )
 def test_unknown_forms_raise(config, flush_config):
     """A launch table naming a form the kernel does not know is an error, not the default form."""
@@ -306,7 +316,7 @@ def test_unknown_forms_raise(config, flush_config):
     gen = _gen()
     state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, "cpu", gen)
     q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, "cpu", gen, num_tokens=2)
-    with pytest.raises(ValueError, match="unknown form"):
+    with pytest.raises(ValueError, match="unknown form|needs tiles"):
         kernels.gdn_step_out(
             q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v),
             config=config, flush_config=flush_config,

@@ -380,16 +380,17 @@ def _main_tile_tokens(
     """The main launch's ``tokens`` form for one tile: all T tokens as one block, everything (tokens, rows).
 
     ``A^T = decay K S^T + Wk R^T`` and ``B^T`` likewise with the queries (R: the ring's d slice), as
-    ``(tokens, rows, key chunk)`` broadcast products reduced over the chunk: the checkpoint tile is read
-    in ``BLOCK_KC``-column chunks so a product holds ``BLOCK_T * BLOCK_V * BLOCK_KC`` values, and each
-    chunk's keys and queries of all T tokens come in one load. Then ``D^T = N (V - A)^T`` and
+    ``(tokens, rows, key chunk)`` broadcast products: the checkpoint tile is read in ``BLOCK_KC``-column
+    chunks, each chunk's keys and queries of all T tokens come in one load, the chunks' products are summed
+    elementwise into ``BLOCK_T * BLOCK_V * BLOCK_KC`` accumulators and reduced over the columns once. Then ``D^T = N (V - A)^T`` and
     ``O^T = B^T + Wo D^T`` as ``(T, T, rows)`` products, returned as ``(T, rows)`` blocks for the caller
     to store (rows are contiguous in memory). All fp32, no ``tl.dot`` (T < 16 here: padding it to 16 would multiply the work).
     """
     o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < V
-    b_A = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
-    b_B = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
+    # Partial products summed over the chunks elementwise; one reduction over the chunk's columns at the end.
+    b_A3 = tl.zeros((BLOCK_T, BLOCK_V, BLOCK_KC), dtype=tl.float32)
+    b_B3 = tl.zeros((BLOCK_T, BLOCK_V, BLOCK_KC), dtype=tl.float32)
     p_rows3 = p_ck_head + o_v[None, :, None].to(tl.int64) * s_ck_v
     for kc in tl.static_range(0, BLOCK_K, BLOCK_KC):
         o_kc = kc + tl.arange(0, BLOCK_KC)
@@ -401,21 +402,49 @@ def _main_tile_tokens(
         b_k = tl.load(p_tk, mask=m_tk, other=0.0)
         b_q = tl.load(p_tk + s_qk_i, mask=m_tk, other=0.0)
         b_S = b_S.to(tl.float32)
-        b_A += tl.sum(b_S * b_k, axis=2)
-        b_B += tl.sum(b_S * b_q, axis=2)
+        b_A3 += b_S * b_k
+        b_B3 += b_S * b_q
     # The ring's committed d entries of these rows, (1, rows, entries).
     b_rd = tl.load(
         p_ring_row_d + o_l[None, None, :] * s_rd_l + o_v[None, :, None] * s_rd_v,
         mask=(o_l[None, None, :] < c_eff) & m_v[None, :, None], other=0.0,
     ).to(tl.float32)
-    b_A = b_decay[:, None] * b_A + tl.sum(b_Wk[:, None, :] * b_rd, axis=2)
-    b_B = b_decay[:, None] * b_B + tl.sum(b_Wq[:, None, :] * b_rd, axis=2)
+    b_A = b_decay[:, None] * tl.sum(b_A3, axis=2) + tl.sum(b_Wk[:, None, :] * b_rd, axis=2)
+    b_B = b_decay[:, None] * tl.sum(b_B3, axis=2) + tl.sum(b_Wq[:, None, :] * b_rd, axis=2)
     m_tv = m_t[:, None] & m_v[None, :]
     b_V = tl.load(p_v_row + o_t[:, None] * s_v_t + o_v[None, :] * s_v_v, mask=m_tv, other=0.0).to(tl.float32)
     # D^T[t, :] = sum_s N[t, s] (V - A)^T[s, :]; O^T[t, :] = B^T[t, :] + sum_s Wo[t, s] D^T[s, :]
     b_D = tl.sum(b_N[:, :, None] * (b_V - b_A)[None, :, :], axis=1)
     b_O = b_B + tl.sum(b_Wo[:, :, None] * b_D[None, :, :], axis=1)
     return o_v, m_tv, b_D, b_O
+
+
+@triton.jit
+def _main_tile_dots(
+    p_ck_head, p_ring_row_d, p_v_row, i_v, c_eff,
+    s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
+    b_KQ, b_W, b_decays, b_N, b_P, b_Wo, o_m, o_k, m_k, o_l, T, V,
+    BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """The main launch's ``dots`` form for one tile: the T tokens as one block of ``tl.dot``s (fp32 operands,
+    ``input_precision="ieee"``: exact fp32 products, no tensor-core rounding), everything (token rows, rows).
+
+    The ``BLOCK_M`` (>= 16) token rows hold keys at 0..T-1 and queries at T..2T-1, zero beyond (see the
+    kernel), so one product ``[K; Q] S^T`` gives ``A^T`` and ``B^T`` together:
+    ``AB = decay [K; Q] S^T + [Wk; Wq] R^T`` (R: the ring's d slice), then ``D^T = N (V - AB)`` (N zero
+    outside its T x T corner, so the B rows drop out), ``O^T = P AB + Wo D^T`` (P moves row T + t to t).
+    Rows >= T of D and O are zero. Rows of the tile: ``BLOCK_V`` >= 16.
+    """
+    o_v, m_v, _, _, b_S, b_rd = _load_tile_ring(
+        p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+    )
+    b_AB = b_decays[:, None] * tl.dot(b_KQ, tl.trans(b_S), input_precision="ieee")
+    b_AB += tl.dot(b_W, tl.trans(b_rd), input_precision="ieee")
+    m_mv = (o_m[:, None] < T) & m_v[None, :]
+    b_V = tl.load(p_v_row + o_m[:, None] * s_v_t + o_v[None, :] * s_v_v, mask=m_mv, other=0.0).to(tl.float32)
+    b_D = tl.dot(b_N, b_V - b_AB, input_precision="ieee")
+    b_O = tl.dot(b_P, b_AB, input_precision="ieee") + tl.dot(b_Wo, b_D, input_precision="ieee")
+    return o_v, m_mv, b_D, b_O
 
 
 @triton.jit
@@ -428,9 +457,9 @@ def _gdn_main_kernel(
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key,
-    T: tl.constexpr, COMMIT: tl.constexpr, TOKENS: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr, FORM: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
-    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 3, shaped like the conventional kernel: per tile of value rows, from one read
     of the checkpoint tile, the ring's d slice and the new v, the (rows, T) blocks
@@ -443,10 +472,12 @@ def _gdn_main_kernel(
     token) made the launch latency-bound: 421 us at T = 4 against 144 us at T = 1 (H200, batch 256).
     One program per row moves the cursor: nothing here reads it.
 
-    Forms (``LaunchConfig.form``): ``""`` as above, A and B one token column at a time (per-token
-    vector loads and K-wide reductions); ``"tokens"`` (``TOKENS``): the T tokens as one block,
+    Forms (``FORM``, from ``LaunchConfig.form``): ``""`` as above, A and B one token column at a time
+    (per-token vector loads and K-wide reductions); ``"tokens"``: the T tokens as one block,
     ``_main_tile_tokens`` (their keys, queries and weights loaded as blocks, the tile read in
-    ``BLOCK_KC``-column chunks, outputs and d stored as (T, rows) blocks).
+    ``BLOCK_KC``-column chunks, broadcast products, outputs and d stored as (T, rows) blocks);
+    ``"dots"``: the same as ``tl.dot``s in fp32 (``_main_tile_dots``; ``BLOCK_M`` >= 16 token rows, keys
+    then queries, and tiles of >= 16 rows: ``2T / BLOCK_M`` of the products are useful, 1/2 at T = 4 or 8).
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_kh = i_h // value_per_key
@@ -476,7 +507,24 @@ def _gdn_main_kernel(
     p_w_tt = p_w_row + o_t[:, None] * s_w_t + o_t[None, :]
     b_N = tl.load(p_w_tt + 2 * L, mask=m_t[:, None] & m_t[None, :], other=0.0)
     b_Wq = tl.load(p_w_tt + (2 * L + T), mask=m_t[:, None] & m_t[None, :], other=0.0)
-    if TOKENS:
+    if FORM == "dots":
+        # Per program, the padded token rows m (``BLOCK_M``): key k_t at m = t, query q_t at m = T + t,
+        # zero rows beyond 2T; their ring weights and checkpoint decays; N, P and Wo as (m, m) blocks.
+        o_m = tl.arange(0, BLOCK_M)
+        m_key = o_m < T
+        m_used = o_m < 2 * T
+        t_of_m = tl.where(m_key, o_m, o_m - T)
+        b_KQ = tl.load(
+            p_qk_row + (t_of_m * s_qk_t + tl.where(m_key, 0, s_qk_i))[:, None] + o_k[None, :], mask=m_used[:, None] & m_k[None, :], other=0.0
+        )
+        p_w_m = p_w_row + t_of_m * s_w_t
+        b_W_ring = tl.load(p_w_m[:, None] + tl.where(m_key, 0, L)[:, None] + o_l[None, :], mask=m_used[:, None] & m_ring[None, :], other=0.0)
+        b_decays = tl.load(p_w_m + (2 * L + 2 * T), mask=m_used, other=0.0)
+        m_tt = m_key[:, None] & m_key[None, :]
+        b_N_m = tl.load(p_w_m[:, None] + 2 * L + o_m[None, :], mask=m_tt, other=0.0)
+        b_Wo_m = tl.load(p_w_m[:, None] + (2 * L + T) + o_m[None, :], mask=m_tt, other=0.0)
+        b_P = tl.where(m_key[:, None] & (o_m[None, :] == o_m[:, None] + T), 1.0, 0.0)
+    if FORM == "tokens":
         # Every token's ring weights of r and o (tokens, entries) and checkpoint decay, once per program.
         p_w_tl = p_w_row + o_t[:, None] * s_w_t + o_l[None, :]
         m_tl = m_t[:, None] & m_ring[None, :]
@@ -484,7 +532,16 @@ def _gdn_main_kernel(
         b_wq_ring = tl.load(p_w_tl + L, mask=m_tl, other=0.0)
         b_decays = tl.load(p_w_row + o_t * s_w_t + (2 * L + 2 * T), mask=m_t, other=0.0)
     for i_v in range(i_s, NUM_TILES, SPLIT):
-        if TOKENS:
+        if FORM == "dots":
+            o_v, m_mv, b_Dm, b_Om = _main_tile_dots(
+                p_ck_head, p_ring_row_d, p_v_row, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
+                b_KQ, b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_k, m_k, o_l, T, V, BLOCK_V,
+            )  # fmt: skip
+            tl.store(p_o_row + o_m[:, None] * s_o_t + o_v[None, :] * s_o_v, b_Om.to(p_o.dtype.element_ty), mask=m_mv)
+            tl.store(
+                p_ring_row_d + (c_eff + o_m[:, None]) * s_rd_l + o_v[None, :] * s_rd_v, b_Dm.to(p_ring_d.dtype.element_ty), mask=m_mv
+            )
+        elif FORM == "tokens":
             o_v, m_tv, b_Dt, b_Ot = _main_tile_tokens(
                 p_ck_head, p_ring_row_d, p_qk_row, p_v_row, i_v, c_eff,
                 s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_qk_i, s_qk_t, s_v_t, s_v_v,
@@ -652,9 +709,11 @@ def _flush_rows(cfg: LaunchConfig) -> int:
 
 
 def _main_key_chunk(cfg: LaunchConfig, block_k: int, block_t: int) -> int:
-    """Key columns per chunk in the main launch's ``tokens`` form: about 32 values per thread in each
-    (tokens, rows, chunk) product (powers of two throughout), at least 8 columns (a 32-byte sector of fp32)."""
-    return min(block_k, max(8, 1024 * cfg.num_warps // (cfg.block * block_t)))
+    """Key columns per chunk in the main launch's ``tokens`` form: about 8 values per thread in each
+    (tokens, rows, chunk) accumulator (powers of two throughout), at least 8 columns (a 32-byte sector of
+    fp32). Compiled for sm_90 at K = 128, T = 4, 8 rows on 1 warp: 78 registers (128 with 32 values per
+    thread; the default form 96)."""
+    return min(block_k, max(8, 256 * cfg.num_warps // (cfg.block * block_t)))
 
 
 def gdn_step_out(
@@ -758,7 +817,9 @@ def _gdn_three_launches(
             num_warps=wcfg.num_warps,
         )  # fmt: skip
         cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
-        _check_form("_gdn_main_kernel", cfg, ("", "tokens"))
+        _check_form("_gdn_main_kernel", cfg, ("", "tokens", "dots"))
+        if cfg.form == "dots" and cfg.block < 16:
+            raise ValueError(f"_gdn_main_kernel: the dots form needs tiles of >= 16 rows, got {cfg}")
         num_tiles, split = _tiles(value_dim, cfg)
         _gdn_main_kernel[(split, value_heads, batch)](
             p_v=v, p_o=o, p_ckpt=checkpoint, p_ring_d=ring_d, p_cursor=cursor, p_pending=pending, p_rows=rows,
@@ -767,8 +828,10 @@ def _gdn_three_launches(
             **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
             **ck_strides, **rd_strides, **scratch_strides,
             V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit,
-            TOKENS=cfg.form == "tokens", BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_KC=_main_key_chunk(cfg, block_k, block_t),
-            BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
+            FORM=cfg.form, BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_KC=_main_key_chunk(cfg, block_k, block_t),
+            # the dots form's ring product is a tl.dot over the entries: >= 16 of them
+            BLOCK_L=max(block_l, 16) if cfg.form == "dots" else block_l, BLOCK_T=block_t, BLOCK_M=max(16, next_pow2(2 * num_tokens)),
+            NUM_TILES=num_tiles, SPLIT=split,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
 
