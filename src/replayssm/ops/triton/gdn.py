@@ -34,6 +34,12 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
    d entries (one block store each), never the state. One program per row
    moves the cursor.
 
+Launch 1 and 3 have alternative forms, picked by the launch tables
+(``LaunchConfig.form``; each kernel's docstring lists its forms): the main
+launch's ``"tokens"`` (broadcast products over key chunks) and ``"dots"``
+(fp32 ``tl.dot``s over padded token rows) take a tile's T tokens as one block;
+the flush launch's ``"rows<R>"`` gives each program R rows, so far fewer
+programs only read a cursor and exit.
 
 Launches are ordered, which is the only synchronisation between them: each
 ring position and the cursor change only in a launch after every reader of
