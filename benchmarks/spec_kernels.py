@@ -168,7 +168,8 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         candidates = [LaunchConfig(block, tiles(block), warps) for block, warps in shapes]
         candidates += [LaunchConfig(16, 1, 2), LaunchConfig(32, 1, 4)]
         if gdn:  # the T tokens of a tile as one block (gdn.py: _main_tile_tokens / _main_tile_dots, >= 16 rows)
-            forms = [("tokens", 8, 1), ("tokens", 16, 1), ("tokens", 16, 2), ("tokens", 32, 4), ("dots", 16, 2), ("dots", 16, 4), ("dots", 32, 4)]
+            forms = [("tokens", 8, 1), ("tokens", 16, 1), ("tokens", 16, 2), ("tokens", 32, 4)]
+            forms += [("dots", 16, 2), ("dots", 16, 4), ("dots", 32, 4)]
             candidates += [LaunchConfig(block, tiles(block), warps, form=form) for form, block, warps in forms]
         out.append((name, getattr(configs, name), (dim, key_dim), candidates))
     flush_table = "_GDN_FLUSH" if gdn else "_MAMBA2_FLUSH"

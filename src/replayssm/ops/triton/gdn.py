@@ -388,9 +388,10 @@ def _main_tile_tokens(
     ``A^T = decay K S^T + Wk R^T`` and ``B^T`` likewise with the queries (R: the ring's d slice), as
     ``(tokens, rows, key chunk)`` broadcast products: the checkpoint tile is read in ``BLOCK_KC``-column
     chunks, each chunk's keys and queries of all T tokens come in one load, the chunks' products are summed
-    elementwise into ``BLOCK_T * BLOCK_V * BLOCK_KC`` accumulators and reduced over the columns once. Then ``D^T = N (V - A)^T`` and
-    ``O^T = B^T + Wo D^T`` as ``(T, T, rows)`` products, returned as ``(T, rows)`` blocks for the caller
-    to store (rows are contiguous in memory). All fp32, no ``tl.dot`` (T < 16 here: padding it to 16 would multiply the work).
+    elementwise into ``BLOCK_T * BLOCK_V * BLOCK_KC`` accumulators and reduced over the columns once.
+    Then ``D^T = N (V - A)^T`` and ``O^T = B^T + Wo D^T`` as ``(T, T, rows)`` products, returned as
+    ``(T, rows)`` blocks for the caller to store (rows are contiguous in memory). All fp32; no ``tl.dot``,
+    which needs 16 token rows (the ``dots`` form pads to them).
     """
     o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < V
@@ -520,11 +521,11 @@ def _gdn_main_kernel(
         m_key = o_m < T
         m_used = o_m < 2 * T
         t_of_m = tl.where(m_key, o_m, o_m - T)
-        b_KQ = tl.load(
-            p_qk_row + (t_of_m * s_qk_t + tl.where(m_key, 0, s_qk_i))[:, None] + o_k[None, :], mask=m_used[:, None] & m_k[None, :], other=0.0
-        )
+        p_kq = p_qk_row + (t_of_m * s_qk_t + tl.where(m_key, 0, s_qk_i))[:, None] + o_k[None, :]
+        b_KQ = tl.load(p_kq, mask=m_used[:, None] & m_k[None, :], other=0.0)
         p_w_m = p_w_row + t_of_m * s_w_t
-        b_W_ring = tl.load(p_w_m[:, None] + tl.where(m_key, 0, L)[:, None] + o_l[None, :], mask=m_used[:, None] & m_ring[None, :], other=0.0)
+        p_w_ring = p_w_m[:, None] + tl.where(m_key, 0, L)[:, None] + o_l[None, :]  # r's weights, then o's
+        b_W_ring = tl.load(p_w_ring, mask=m_used[:, None] & m_ring[None, :], other=0.0)
         b_decays = tl.load(p_w_m + (2 * L + 2 * T), mask=m_used, other=0.0)
         m_tt = m_key[:, None] & m_key[None, :]
         b_N_m = tl.load(p_w_m[:, None] + 2 * L + o_m[None, :], mask=m_tt, other=0.0)
