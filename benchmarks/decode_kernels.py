@@ -185,7 +185,8 @@ class Case:
             return replayssm.ops.gdn_step(*inp, *tensors, self.rows, commit, True, None)
         o = torch.empty_like(inp[2])
         gdn_kernels.gdn_step_out(
-            *inp, *tensors, self.rows, commit, True, None, o=o, config=variant.config, decode_launches=variant.launches
+            *inp, *tensors, self.rows, commit, True, None, o=o, config=variant.config, decode_launches=variant.launches,
+            flush_config=variant.flush, weights_config=variant.weights,
         )  # fmt: skip
         return o
 
@@ -347,27 +348,42 @@ def measure_point(
 @dataclass(frozen=True)
 class StepVariant:
     """A replay step launched otherwise than its tables say: ``config`` is the main launch's (GDN's single
-    kernel's); ``launches=3``: a GDN decode step through verification's three launches; ``fold_in_main``
-    (Mamba-2): full rings folded inside the main launch (no flush launch). None: the table's choice."""
+    kernel's); ``launches=3``: a GDN decode step through verification's three launches, whose fold and
+    weights launches take ``flush`` and ``weights``; ``fold_in_main`` (Mamba-2): full rings folded inside
+    the main launch (no flush launch). None: the table's choice."""
 
     config: LaunchConfig | None
     launches: int | None = None
     fold_in_main: bool | None = None
+    flush: LaunchConfig | None = None
+    weights: LaunchConfig | None = None
 
     def as_dict(self) -> dict:
-        return {**(self.config.as_dict() if self.config else {}), "launches": self.launches, "fold_in_main": self.fold_in_main}
+        out = {**(self.config.as_dict() if self.config else {}), "launches": self.launches, "fold_in_main": self.fold_in_main}
+        for name, cfg in (("flush", self.flush), ("weights", self.weights)):
+            if cfg is not None:
+                out[name] = cfg.as_dict()
+        return out
 
 
 # Replay T = 1 candidates, each explicit about the choices the tables make (so a table change does not
 # change what a candidate means). Mamba-2: its main launch (split 64: one tile per program at these
 # sizes), full rings folded in a flush launch or in the main launch; GDN: its single replay kernel
 # (block >= 16, the fold is a tl.dot), and the three launches with small-tile main shapes (one tile per
-# 1-warp program).
+# 1-warp program), their main launch's "tokens" and "dots" forms, fold launches whose programs check 8-32
+# rows' cursors at once ("rows<R>"; 4 warps or more: with 2 the fold spills on sm_90), and weights launches
+# on other warp counts. The flush and weights variants keep the main launch of _GDN_DECODE_MAIN (16, all,
+# 1 warp) so each change is timed alone; the last candidate combines them.
+_GDN_DECODE_FLUSH_CANDIDATES = [
+    LaunchConfig(16, 64, 4), LaunchConfig(16, 1, 4, form="rows16"), LaunchConfig(16, 64, 4, form="rows16"),
+    LaunchConfig(16, 64, 4, form="rows8"),
+]  # fmt: skip
+# (Shapes that lost every earlier sweep are left out to keep a GPU call short: Mamba-2's flush launch and
+# 16-row 2-warp folds in main; GDN's single replay kernel and 32-row three-launch programs; docs/kernels.md.)
 SWEEP_REPLAY = {
     "mamba2": [
-        StepVariant(LaunchConfig(8, 64, 1), fold_in_main=False), StepVariant(LaunchConfig(16, 64, 1), fold_in_main=False),
+        StepVariant(LaunchConfig(8, 64, 1), fold_in_main=False),
         StepVariant(LaunchConfig(8, 64, 1), fold_in_main=True), StepVariant(LaunchConfig(16, 64, 1), fold_in_main=True),
-        StepVariant(LaunchConfig(16, 64, 2), fold_in_main=True),
         # the main launch's whole-ring folds (_mamba2_main_kernel forms): rank-1 updates unrolled over the
         # ring (no load waits on an FMA; 16 rows on one warp would take 255 registers on sm_90), and for
         # 16-row tiles one tl.dot from two block loads
@@ -376,8 +392,15 @@ SWEEP_REPLAY = {
         StepVariant(LaunchConfig(16, 64, 2, form="fold_dot"), fold_in_main=True),
     ],
     "gdn": [
-        StepVariant(LaunchConfig(16, 1, 2), 1), StepVariant(LaunchConfig(32, 1, 4), 1), StepVariant(LaunchConfig(16, 2, 2), 1),
-        StepVariant(LaunchConfig(8, 64, 1), 3), StepVariant(LaunchConfig(16, 64, 1), 3), StepVariant(LaunchConfig(32, 64, 2), 3),
+        StepVariant(LaunchConfig(8, 64, 1), 3), StepVariant(LaunchConfig(16, 64, 1), 3),
+        StepVariant(LaunchConfig(8, 64, 1, form="tokens"), 3), StepVariant(LaunchConfig(16, 64, 1, form="tokens"), 3),
+        StepVariant(LaunchConfig(16, 64, 2, form="tokens"), 3),
+        StepVariant(LaunchConfig(16, 64, 2, form="dots"), 3), StepVariant(LaunchConfig(32, 64, 4, form="dots"), 3),
+        *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=flush) for flush in _GDN_DECODE_FLUSH_CANDIDATES),
+        *(StepVariant(LaunchConfig(16, 64, 1), 3, weights=LaunchConfig(1, 1, warps)) for warps in (1, 2, 8)),
+        StepVariant(
+            LaunchConfig(16, 64, 1, form="tokens"), 3, flush=LaunchConfig(16, 1, 4, form="rows16"), weights=LaunchConfig(1, 1, 2)
+        ),
     ],
 }
 
@@ -407,7 +430,7 @@ def _time_candidates(name, kind, candidates, check, steps, log) -> tuple[list[di
 # its floor): the table's 32-row 8-warp programs and the small-tile shapes that won for the replay kernels.
 SWEEP_CONVENTIONAL = {
     "mamba2": [],
-    "gdn": [LaunchConfig(32, 4, 8), LaunchConfig(8, 16, 1), LaunchConfig(16, 8, 1), LaunchConfig(16, 8, 2), LaunchConfig(32, 4, 4)],
+    "gdn": [LaunchConfig(32, 4, 8), LaunchConfig(16, 8, 1)],  # (three more shapes lost in runs 7-8)
 }
 
 

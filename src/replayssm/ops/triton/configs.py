@@ -12,8 +12,8 @@ weights launch has a fixed shape. GDN: the replay kernel for T = 1
 (``gdn_replay_config``, block >= 16), the three-launch step's main launch
 (``gdn_main_config``: a T = 1 table for decoding through the three launches,
 ``gdn_decode_launches``, and a T > 1 one), its fold launch
-(``gdn_flush_config``, block >= 16), and the conventional one; the weights
-launch has a fixed shape.
+(``gdn_flush_config``, block >= 16; T = 1 and T > 1 tables), its weights
+launch (``gdn_weights_config``: warps only), and the conventional one.
 
 The figures behind these choices are in docs/kernels.md (tuning log);
 ``benchmarks/decode_kernels.py --sweep`` (T = 1 main launches) and
@@ -89,8 +89,22 @@ _GDN_VERIFY = {
     (128, 128): LaunchConfig(block=8, split=16, num_warps=1),
 }
 # GDN verification fold launch (only rows whose ring cannot take T more entries work; tl.dot: block >= 16).
+# Forms: "" (one program per (tile group, value head, row)) or "rows<R>" (R rows per program; gdn.py).
 _GDN_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=1, num_warps=4),  # 528 us vs 536 for block 32: within noise
+}
+# GDN decoding (T = 1) through the three launches: their fold launch (about one row in L folds per step at
+# staggered positions). The verification table's entry until a decode sweep with the "rows<R>" form.
+_GDN_DECODE_FLUSH = {
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
+}
+# GDN weights launch, one program per (key head, row): only num_warps is read (block / split are unused,
+# 1 by convention). Decoding (T = 1) and verification (T > 1) tables; 4 warps as before, not yet swept.
+_GDN_DECODE_WEIGHTS = {
+    (128, 128): LaunchConfig(block=1, split=1, num_warps=4),
+}
+_GDN_WEIGHTS = {
+    (128, 128): LaunchConfig(block=1, split=1, num_warps=4),
 }
 # Where a Mamba-2 decode step (T = 1) folds the rows whose ring is full: in the flush launch before the
 # others (False), or inside the main launch's tile programs (True: no flush launch; each program folds
@@ -145,8 +159,17 @@ def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConf
     return _pick(table, value_dim, key_dim, loop=False)
 
 
-def gdn_flush_config(value_dim: int, key_dim: int) -> LaunchConfig:
-    return _pick(_GDN_FLUSH, value_dim, key_dim, loop=True)
+def gdn_flush_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
+    """The three-launch step's fold launch: ``_GDN_DECODE_FLUSH`` for T = 1, ``_GDN_FLUSH`` for T > 1."""
+    table = _GDN_DECODE_FLUSH if num_tokens == 1 else _GDN_FLUSH
+    return _pick(table, value_dim, key_dim, loop=True)
+
+
+def gdn_weights_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
+    """The three-launch step's weights launch (``num_warps`` only): ``_GDN_DECODE_WEIGHTS`` for T = 1,
+    ``_GDN_WEIGHTS`` for T > 1; 4 warps for shapes missing from the table."""
+    table = _GDN_DECODE_WEIGHTS if num_tokens == 1 else _GDN_WEIGHTS
+    return table.get((value_dim, key_dim)) or LaunchConfig(block=1, split=1, num_warps=4)
 
 
 def gdn_conventional_config(value_dim: int, key_dim: int) -> LaunchConfig:
