@@ -54,12 +54,13 @@ _MAMBA2_FLUSH = {
     (80, 128): LaunchConfig(block=16, split=1, num_warps=4),
     (64, 128): LaunchConfig(block=16, split=1, num_warps=4),
 }
-# Verification (T > 1) main launch: one small tile per 1-warp program. spec_kernels --sweep, T = 4,
-# 2026-11-29 15:00: 8-row tiles 595 / 645 us against 608 / 652 for 16-row tiles (96x80 / 128x64; the
-# 13:00 run had 16 rows ahead by 4%: the two are within run-to-run noise), 2-4 warps 742-1000.
+# Verification (T > 1) main launch: one small tile per 1-warp program, the T tokens as one block with the
+# state product summed over N chunks ("tokens_chunked"). spec_kernels --sweep, T = 4, 2026-11-29 17:26:
+# 16-row tiles in that form 517.6 / 558.0 us (96x80 / 128x64) against 598.1 / 650.7 for the per-token
+# form on 8-row tiles (the table before), 531.7 / 576.4 for "tokens" on 8 rows; 2 warps 597-795.
 _MAMBA2_VERIFY = {
-    (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
-    (64, 128): LaunchConfig(block=8, split=8, num_warps=1),
+    (80, 128): LaunchConfig(block=16, split=5, num_warps=1, form="tokens_chunked"),
+    (64, 128): LaunchConfig(block=16, split=4, num_warps=1, form="tokens_chunked"),
 }
 _MAMBA2_CONVENTIONAL = {
     (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
@@ -84,27 +85,31 @@ _GDN_DECODE_MAIN = {
     (128, 128): LaunchConfig(block=16, split=8, num_warps=1),
 }
 # GDN verification (T > 1) main launch: one 8-row tile per 1-warp program (spec_kernels --sweep,
-# 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps).
+# 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps; 17:26: 460.3 us
+# against 516-884 for the "tokens" form and 1514-1616 for "dots", both slower than per token here).
 _GDN_VERIFY = {
     (128, 128): LaunchConfig(block=8, split=16, num_warps=1),
 }
 # GDN verification fold launch (only rows whose ring cannot take T more entries work; tl.dot: block >= 16).
 # Forms: "" (one program per (tile group, value head, row)) or "rows<R>" (R rows per program; gdn.py).
 _GDN_FLUSH = {
-    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),  # 528 us vs 536 for block 32: within noise
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),  # "rows4"/"rows8" 472-495 us against 462 (17:26 sweep)
 }
 # GDN decoding (T = 1) through the three launches: their fold launch (about one row in L folds per step at
-# staggered positions). The verification table's entry until a decode sweep with the "rows<R>" form.
+# staggered positions). decode_kernels --sweep 2026-11-29 17:25: "rows16" (split 1) 201.2 us against 204.2
+# for this shape, rows8 / rows16 with split 64 208.8-211.8: within noise, so the plain form stays.
 _GDN_DECODE_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
 }
 # GDN weights launch, one program per (key head, row): only num_warps is read (block / split are unused,
-# 1 by convention). Decoding (T = 1) and verification (T > 1) tables; 4 warps as before, not yet swept.
+# 1 by convention). Decoding (T = 1) and verification (T > 1) tables. Swept 2026-11-29 17:25 (16/32 heads,
+# decode / verify step): 1 warp 199.2 / 456.8 us, 2 warps 200.4 / 458.6, 4 (before) 204.2 / 462.1, 8 210.2 /
+# 491.5 -- a 1-2% gain, about the run-to-run noise, in both.
 _GDN_DECODE_WEIGHTS = {
-    (128, 128): LaunchConfig(block=1, split=1, num_warps=4),
+    (128, 128): LaunchConfig(block=1, split=1, num_warps=1),
 }
 _GDN_WEIGHTS = {
-    (128, 128): LaunchConfig(block=1, split=1, num_warps=4),
+    (128, 128): LaunchConfig(block=1, split=1, num_warps=1),
 }
 # Where a Mamba-2 decode step (T = 1) folds the rows whose ring is full: in the flush launch before the
 # others (False), or inside the main launch's tile programs (True: no flush launch; each program folds
