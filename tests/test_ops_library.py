@@ -124,6 +124,8 @@ def test_triton_outputs_are_contiguous_for_strided_inputs(family, T, commit):
     from replayssm.ops.triton import gdn, mamba2
 
     args = _mamba2_step_args(T, commit) if family == "mamba2" else _gdn_step_args(T, commit)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # (CPU: under the interpreter)
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
     step = mamba2.mamba2_step if family == "mamba2" else gdn.gdn_step
     activation = 0 if family == "mamba2" else 2  # x or v
     states = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]

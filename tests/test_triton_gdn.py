@@ -316,11 +316,14 @@ def test_unknown_forms_raise(config, flush_config):
     gen = _gen()
     state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, "cpu", gen)
     q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, "cpu", gen, num_tokens=2)
+    before = [t.clone() for t in state]
     with pytest.raises(ValueError, match="unknown form|needs tiles"):
         kernels.gdn_step_out(
             q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v),
             config=config, flush_config=flush_config,
         )  # fmt: skip
+    # raised before any launch (also where CPU tensors could not be launched at all): the state is untouched
+    assert all(torch.equal(a, b) for a, b in zip(state, before))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -400,6 +400,29 @@ def test_unknown_main_form_is_rejected(form):
         kernels._main_form(LaunchConfig(16, 1, 1, form=form), 4, 4, 128)
 
 
+@pytest.mark.parametrize(
+    "config, flush_config, fold_in_main",
+    [(LaunchConfig(16, 1, 1, form="token"), None, True), (LaunchConfig(8, 1, 1, form="fold_dot"), None, True),
+     (None, LaunchConfig(16, 1, 4, form="rows4"), False)],
+    ids=["main-unknown", "fold-dot-block8", "flush-form"],
+)  # fmt: skip
+def test_bad_form_raises_before_any_launch(config, flush_config, fold_in_main):
+    """The step's launch configurations are checked before its first launch: the state is left as it was
+    (CPU tensors: on a GPU machine they could not even be launched)."""
+    gen = _gen()
+    heads, head_dim, state_size, groups, window, batch = 2, 16, 16, 1, 4, 2
+    state = _state(batch, heads, head_dim, state_size, groups, window, torch.float32, torch.float32, "cpu", gen)
+    x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, "cpu", gen)
+    A, D, dt_bias = _params(heads, "cpu", gen)
+    before = [t.clone() for t in state]
+    with pytest.raises(ValueError, match="no form|block >= 16"):
+        kernels.mamba2_step_out(
+            x, dt, A, B, C, D, dt_bias, z, *state, torch.arange(batch), True, True, y=torch.empty_like(x),
+            config=config, flush_config=flush_config, fold_in_main=fold_in_main,
+        )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(state, before))
+
+
 def test_fold_dot_needs_16_rows():
     with pytest.raises(ValueError, match="block >= 16"):
         kernels._main_form(LaunchConfig(8, 1, 1, form="fold_dot"), 1, 1, 128)

@@ -750,6 +750,7 @@ def gdn_step_out(
         return
     window = ring_k.shape[1]
     cfg = config or gdn_replay_config(value_dim, key_dim)
+    _check_form("_gdn_replay_kernel", cfg, ("",))
     num_tiles, split = _tiles(value_dim, cfg)
     q1, k1, v1, g1, beta1, o1 = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], o[:, 0]
     with device_context(v):
@@ -797,9 +798,16 @@ def _gdn_three_launches(
         **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
         **dict(zip(("s_qk_b", "s_qk_h", "s_qk_i", "s_qk_t"), qk.stride()[:4])),
     )  # fmt: skip
+    # Every launch's configuration is checked before the first launch: a bad form must not leave a half-done step.
+    fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens)
+    flush_rows = _flush_rows(fcfg)
+    wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
+    _check_form("_gdn_weights_kernel", wcfg, ("",))
+    cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
+    _check_form("_gdn_main_kernel", cfg, ("", "tokens", "dots"))
+    if cfg.form == "dots" and cfg.block < 16:
+        raise ValueError(f"_gdn_main_kernel: the dots form needs tiles of >= 16 rows, got {cfg}")
     with device_context(v):
-        fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens)
-        flush_rows = _flush_rows(fcfg)
         num_tiles, split = _tiles(value_dim, fcfg)
         _gdn_flush_kernel[(split, value_heads, triton.cdiv(batch, flush_rows))](
             p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
@@ -808,8 +816,6 @@ def _gdn_three_launches(
             BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=num_tiles, SPLIT=split,
             num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
         )  # fmt: skip
-        wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
-        _check_form("_gdn_weights_kernel", wcfg, ("",))
         _gdn_weights_kernel[(key_heads, batch)](
             p_q=q, p_k=k, p_g=g, p_beta=beta, p_ring_k=ring_k, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
             p_w=weights, p_qk=qk, p_pos=pos,
@@ -823,10 +829,6 @@ def _gdn_three_launches(
             BLOCK_J=next_pow2(value_per_key), BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t,
             num_warps=wcfg.num_warps,
         )  # fmt: skip
-        cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
-        _check_form("_gdn_main_kernel", cfg, ("", "tokens", "dots"))
-        if cfg.form == "dots" and cfg.block < 16:
-            raise ValueError(f"_gdn_main_kernel: the dots form needs tiles of >= 16 rows, got {cfg}")
         num_tiles, split = _tiles(value_dim, cfg)
         _gdn_main_kernel[(split, value_heads, batch)](
             p_v=v, p_o=o, p_ckpt=checkpoint, p_ring_d=ring_d, p_cursor=cursor, p_pending=pending, p_rows=rows,
@@ -883,6 +885,7 @@ def gdn_conventional_step_out(
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     cfg = config or gdn_conventional_config(value_dim, key_dim)
+    _check_form("_gdn_conventional_kernel", cfg, ("",))
     num_tiles, split = _tiles(value_dim, cfg)
     with device_context(v):
         _gdn_conventional_kernel[(split, value_heads, batch)](

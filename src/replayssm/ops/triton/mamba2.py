@@ -614,6 +614,12 @@ def mamba2_step_out(
     )  # fmt: skip
     flags = dict(HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus)
     fcfg = flush_config or mamba2_flush_config(head_dim, state_size)
+    # Every launch's configuration is checked before the first launch: a bad form must not leave a half-done step.
+    if config is None:
+        config = mamba2_replay_config(head_dim, state_size) if num_tokens == 1 else mamba2_verify_config(head_dim, state_size)
+    main_form = _main_form(config, num_tokens, block_t, block_n)
+    if fcfg.form:
+        raise ValueError(f"_mamba2_flush_kernel has no form {fcfg.form!r}")
     num_tiles, split = _tiles(head_dim, fcfg)
     with device_context(x):
         if not fold_in_main:
@@ -648,8 +654,6 @@ def mamba2_step_out(
             BLOCK_J=next_pow2(heads_per_group), BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t,
             num_warps=4,
         )  # fmt: skip
-        if config is None:
-            config = mamba2_replay_config(head_dim, state_size) if num_tokens == 1 else mamba2_verify_config(head_dim, state_size)
         num_tiles, split = _tiles(head_dim, config)
         _mamba2_main_kernel[(split, heads, batch)](
             p_x=x, p_C=C, p_z=z, p_y=y, p_ckpt=checkpoint, p_ring_x=ring_x,
@@ -664,7 +668,7 @@ def mamba2_step_out(
             **fold_strides,
             P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group,
             T=num_tokens, COMMIT=commit, HAS_Z=z is not None, FOLD_IN_MAIN=fold_in_main,
-            **_main_form(config, num_tokens, block_t, block_n), BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
+            **main_form, BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
 
@@ -695,6 +699,8 @@ def mamba2_conventional_step_out(
     batch, num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[2], B.shape[3]
     cfg = config or mamba2_conventional_config(head_dim, state_size)
+    if cfg.form:
+        raise ValueError(f"_mamba2_conventional_kernel has no form {cfg.form!r}")
     num_tiles, split = _tiles(head_dim, cfg)
     with device_context(x):
         _mamba2_conventional_kernel[(split, heads, batch)](
