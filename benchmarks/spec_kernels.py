@@ -146,10 +146,9 @@ class SpecCase:
 def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     """The launch tables a verify step uses that the sweep tunes: (name, table, this geometry's key, candidates).
 
-    The main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel,
-    and one program per head; GDN also in its "tokens" and "dots" forms), the flush launch (``_MAMBA2_FLUSH``, shared
-    with decoding, / ``_GDN_FLUSH``, also with R rows per program, "rows<R>"; block >= 16, its fold is a
-    ``tl.dot``) and GDN's weights launch (``_GDN_WEIGHTS``, warps only).
+    The main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel;
+    Mamba-2 also in its token-block forms), the flush launch (``_MAMBA2_FLUSH``, shared with decoding, /
+    ``_GDN_FLUSH``; block >= 16, its fold is a ``tl.dot``) and GDN's weights launch (``_GDN_WEIGHTS``, warps only).
     """
     from replayssm.ops.triton import configs
     from replayssm.ops.triton.configs import LaunchConfig
@@ -159,14 +158,11 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         main = ("_MAMBA2_VERIFY", [(8, 1), (16, 1)])  # 2-4 warps lost every earlier sweep (742-1000 vs 595 us)
         # the main launch's token-block forms: the T outputs of a tile as one block, N at once or in chunks
         # (_mamba2_main_kernel)
-        forms = [("tokens", block, warps) for block, warps in [(8, 1), (8, 2), (16, 1), (16, 2)]]
-        forms += [("tokens_chunked", block, warps) for block, warps in [(8, 1), (16, 1)]]
+        forms = [(form, block, 1) for form in ("tokens", "tokens_chunked") for block in (8, 16)]  # (2 warps: 597-795 us)
     else:
         dim, key_dim = geometry.value_dim, geometry.key_dim
-        main = ("_GDN_VERIFY", [(8, 1), (16, 2)])  # larger tiles lost every earlier sweep (717-948 vs 537 us)
-        # the T tokens of a tile as one block (gdn.py: _main_tile_tokens / _main_tile_dots, >= 16 rows)
-        forms = [("tokens", 8, 1), ("tokens", 16, 1), ("tokens", 16, 2), ("tokens", 32, 4)]
-        forms += [("dots", 16, 2), ("dots", 16, 4), ("dots", 32, 4)]
+        main = ("_GDN_VERIFY", [(8, 1), (16, 1), (16, 2)])  # larger tiles lost every earlier sweep (717-948 vs 537 us)
+        forms = []  # (block forms lost in run 9 and were removed)
     tiles = lambda block: -(-dim // block)  # noqa: E731
     out = []
     name, shapes = main
@@ -178,13 +174,6 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     flush_table = "_GDN_FLUSH" if gdn else "_MAMBA2_FLUSH"
     if hasattr(configs, flush_table):
         flush = [LaunchConfig(16, 1, 4), LaunchConfig(16, tiles(16), 4)]  # (32-row and 2-warp shapes lost every earlier sweep)
-        if gdn:  # several rows' cursors per program (about a quarter of the rows fold per step at T = 4; 4+ warps:
-            # with fewer the fold spills on sm_90)
-            flush += [
-                LaunchConfig(16, 1, 4, form="rows4"), LaunchConfig(16, tiles(16), 4, form="rows4"),
-                LaunchConfig(16, 1, 4, form="rows8"), LaunchConfig(16, tiles(16), 4, form="rows8"),
-                LaunchConfig(32, 1, 8, form="rows4"),
-            ]  # fmt: skip
         out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
     if gdn and hasattr(configs, "_GDN_WEIGHTS"):
         out.append(("_GDN_WEIGHTS", configs._GDN_WEIGHTS, (dim, key_dim), [LaunchConfig(1, 1, warps) for warps in (4, 1, 2, 8)]))

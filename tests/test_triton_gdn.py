@@ -64,27 +64,8 @@ def _gen():
     return torch.Generator().manual_seed(4321)
 
 
-# How a T = 1 step runs (keyword arguments of gdn_step_out): the single replay kernel, verification's three
-# launches, and those with their other forms (main launch "tokens", the tile in one key chunk, or "dots",
-# each program looping over two tiles; the flush launch's "rows2" / "rows4": two or four rows per program,
-# the last group partly masked).
-LAUNCH_FORMS = [
-    pytest.param({"decode_launches": 1}, id="single-kernel"),
-    pytest.param({"decode_launches": 3}, id="three-launches"),
-    pytest.param(
-        {
-            "decode_launches": 3,
-            "config": LaunchConfig(16, 2, 4, form="tokens"),
-            "flush_config": LaunchConfig(16, 1, 2, form="rows2"),
-            "weights_config": LaunchConfig(1, 1, 1),
-        },
-        id="three-launches-tokens-rows2",
-    ),
-    pytest.param(
-        {"decode_launches": 3, "config": LaunchConfig(16, 2, 2, form="dots"), "flush_config": LaunchConfig(16, 2, 4, form="rows4")},
-        id="three-launches-dots-rows4",
-    ),
-]
+# How a T = 1 step runs: the single replay kernel, or verification's three launches.
+LAUNCH_FORMS = [pytest.param(1, id="single-kernel"), pytest.param(3, id="three-launches")]
 
 
 def _mixed(cursor, num_tokens, window):
@@ -113,7 +94,7 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_
         mixed += _mixed(ours[4][rows], 1, window)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, l2norm, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, l2norm, None, o=o, **launches)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, l2norm, None, o=o, decode_launches=launches)
         assert rel_err(o, o_ref) < tol_out
         assert rel_err(ours[0], theirs[0]) < tol_ckpt
         for name, a, b in zip(("ring_k", "ring_d", "ring_g"), ours[1:4], theirs[1:4]):
@@ -135,7 +116,7 @@ def test_replay_step_uncommitted_and_scale(launches, device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, 0.3)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, 0.3, o=o, **launches)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, 0.3, o=o, decode_launches=launches)
         assert rel_err(o, o_ref) < 1e-5
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
         accepted = torch.tensor([step % 2, 1], device=device)
@@ -192,7 +173,7 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, device):
         flushing = (state[4] == window).cpu()
         o = torch.full_like(v, float("nan")).to(device)
         kernels.gdn_step_out(
-            *(t.to(device) for t in (q, k, v, g, beta)), *state, rows, True, True, None, o=o, **launches
+            *(t.to(device) for t in (q, k, v, g, beta)), *state, rows, True, True, None, o=o, decode_launches=launches
         )
         for r in range(batch):
             o_r, naive.state[r] = naive.token(r, q[r, 0], k[r, 0], v[r, 0], g[r, 0], beta[r, 0], l2norm=True)
@@ -203,22 +184,8 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, device):
     assert checked >= 6
 
 
-# Verification's launch forms (keyword arguments of gdn_step_out): the tables' and the other forms (main
-# launch "tokens" with the tile read in 8-column chunks, or "dots"; flush "rows2", the last group
-# partly masked, or "rows4").
-VERIFY_FORMS = [
-    pytest.param({}, id="tables"),
-    pytest.param(
-        {"config": LaunchConfig(16, 1, 1, form="tokens"), "flush_config": LaunchConfig(16, 1, 4, form="rows2")},
-        id="tokens-rows2",
-    ),
-    pytest.param({"config": LaunchConfig(16, 1, 1, form="dots"), "flush_config": LaunchConfig(16, 1, 4, form="rows4")}, id="dots-rows4"),
-]
-
-
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("forms", VERIFY_FORMS)
-def test_verify_commit_tracks_float64_recurrence(forms, device):
+def test_verify_commit_tracks_float64_recurrence(device):
     """T = 2..4 tokens per launch, two value heads per key head, each row with its own number of real
     drafts (1..T; the rest is padding, never accepted), random accepted counts: outputs and
     materialize() vs the float64 recurrence over accepted tokens only; ring, checkpoint and cursors vs
@@ -240,7 +207,7 @@ def test_verify_commit_tracks_float64_recurrence(forms, device):
         mixed += _mixed(ours[4][rows], T, window)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, **forms)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o)
         assert rel_err(o, o_ref) < 1e-5
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])  # T entries pending
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
@@ -263,24 +230,19 @@ def test_verify_commit_tracks_float64_recurrence(forms, device):
     assert flushes >= 6 and mixed >= 3
 
 
-# (main launch, flush launch): a program looping over tiles, the last one partly masked (48 = 32 + 16
-# rows), and one tile per program; the main launch's "tokens" form (the tile read in 8-column chunks) and
-# "dots" form, and the flush launch's "rows<R>" form (both rows in one program; R = 4 > batch: half of the
-# group masked).
+# (main launch, flush launch, weights launch): a program looping over tiles, the last one partly masked
+# (48 = 32 + 16 rows), and one tile per program; the weights launch on 1, 4 and 8 warps.
 VERIFY_VARIANTS = [
-    pytest.param(LaunchConfig(16, 2, 4), LaunchConfig(16, 1, 4), id="block16-split2-loop"),
-    pytest.param(LaunchConfig(32, 1, 8), LaunchConfig(32, 2, 4), id="block32-split1"),
-    pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 3, 2), id="block8-split6"),
-    pytest.param(LaunchConfig(32, 1, 1, form="tokens"), LaunchConfig(16, 1, 4, form="rows2"), id="tokens-block32-chunk8-rows2"),
-    pytest.param(LaunchConfig(8, 6, 1, form="tokens"), LaunchConfig(16, 3, 2, form="rows4"), id="tokens-block8-split6-rows4"),
-    pytest.param(LaunchConfig(16, 2, 1, form="dots"), LaunchConfig(16, 1, 4, form="rows2"), id="dots-block16-split2-loop-rows2"),
+    pytest.param(LaunchConfig(16, 2, 4), LaunchConfig(16, 1, 4), LaunchConfig(1, 1, 1), id="block16-split2-loop-weights1w"),
+    pytest.param(LaunchConfig(32, 1, 8), LaunchConfig(32, 2, 4), LaunchConfig(1, 1, 8), id="block32-split1-weights8w"),
+    pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 3, 2), None, id="block8-split6"),
 ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("config, flush_config", VERIFY_VARIANTS)
-def test_verify_launch_variants(config, flush_config, device):
-    """Launch variants of the verification main and fold launches (tile height, tiles per program), T = 2 and 3."""
+@pytest.mark.parametrize("config, flush_config, weights_config", VERIFY_VARIANTS)
+def test_verify_launch_variants(config, flush_config, weights_config, device):
+    """Launch variants of the verification launches (tile height, tiles per program, warps), T = 2 and 3."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 32, 48, 4
     gen = _gen()
     rows = torch.tensor([1, 0], device=device)
@@ -292,7 +254,8 @@ def test_verify_launch_variants(config, flush_config, device):
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(
-            q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config, flush_config=flush_config
+            q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config, flush_config=flush_config,
+            weights_config=weights_config,
         )
         assert rel_err(o, o_ref) < 1e-5
         for a, b in zip(ours, theirs):
@@ -300,29 +263,28 @@ def test_verify_launch_variants(config, flush_config, device):
 
 
 @pytest.mark.parametrize(
-    "config, flush_config",
+    "config, flush_config, weights_config, decode_launches",
     [
-        (LaunchConfig(16, 1, 1, form="dot"), None),
-        (LaunchConfig(8, 2, 1, form="dots"), None),
-        (None, LaunchConfig(16, 1, 4, form="rows3")),
-        (None, LaunchConfig(16, 1, 4, form="rows64")),
-        (None, LaunchConfig(16, 1, 4, form="rowsx")),
+        (LaunchConfig(16, 1, 1, form="tokens"), None, None, 3),
+        (None, LaunchConfig(16, 1, 4, form="rows4"), None, 3),
+        (None, None, LaunchConfig(1, 1, 1, form="x"), 3),
+        (LaunchConfig(16, 1, 2, form="tokens"), None, None, 1),
     ],
-    ids=["main-unknown", "main-dots-block8", "flush-rows-not-pow2", "flush-rows-too-many", "flush-unknown"],
+    ids=["main", "flush", "weights", "single-kernel"],
 )
-def test_unknown_forms_raise(config, flush_config):
-    """A launch table naming a form the kernel does not know is an error, not the default form."""
+def test_bad_form_raises_before_any_launch(config, flush_config, weights_config, decode_launches):
+    """A launch table naming a form the kernels do not have is an error raised before the first launch:
+    the state is left as it was (CPU tensors: on a GPU machine they could not even be launched)."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 4
     gen = _gen()
     state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, "cpu", gen)
-    q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, "cpu", gen, num_tokens=2)
+    q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, "cpu", gen)
     before = [t.clone() for t in state]
-    with pytest.raises(ValueError, match="unknown form|needs tiles"):
+    with pytest.raises(ValueError, match="has no form"):
         kernels.gdn_step_out(
             q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v),
-            config=config, flush_config=flush_config,
+            config=config, flush_config=flush_config, weights_config=weights_config, decode_launches=decode_launches,
         )  # fmt: skip
-    # raised before any launch (also where CPU tensors could not be launched at all): the state is untouched
     assert all(torch.equal(a, b) for a, b in zip(state, before))
 
 
@@ -423,7 +385,7 @@ def test_long_run_tracks_float64_recurrence(launches):
         before = exact.clone()
         flushing = state[4] == window
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *state, rows, True, True, None, o=o, **launches)
+        kernels.gdn_step_out(q, k, v, g, beta, *state, rows, True, True, None, o=o, decode_launches=launches)
         kn = k[:, 0].double() * torch.rsqrt((k[:, 0].double() ** 2).sum(-1, keepdim=True) + 1e-6)
         kh = kn.repeat_interleave(rep, dim=1)  # (batch, value_heads, K)
         prev = torch.exp(g[:, 0].double())[..., None, None] * exact

@@ -136,11 +136,10 @@ VARIANTS = [
     pytest.param(LaunchConfig(16, 3, 1), LaunchConfig(16, 1, 4), id="block16-1warp-one-tile-per-program"),
     pytest.param(LaunchConfig(8, 6, 1), None, id="block8-one-tile-per-program-fold-in-main"),
     pytest.param(LaunchConfig(16, 1, 2), None, id="block16-split1-fold-in-main"),
-    # the main launch's forms (_mamba2_main_kernel): T outputs as one block, the whole-ring folds
+    # the main launch's forms (_mamba2_main_kernel): T outputs as one block
     pytest.param(LaunchConfig(8, 6, 1, form="tokens"), LaunchConfig(16, 1, 4), id="block8-tokens"),
     pytest.param(LaunchConfig(16, 1, 2, form="tokens_chunked"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-chunked"),
-    pytest.param(LaunchConfig(8, 6, 1, form="fold_unrolled"), None, id="block8-fold-unrolled-in-main"),
-    pytest.param(LaunchConfig(16, 3, 1, form="tokens+fold_dot"), None, id="block16-tokens-fold-dot-in-main"),
+    pytest.param(LaunchConfig(16, 3, 1, form="tokens"), None, id="block16-tokens-fold-in-main"),
 ]
 
 
@@ -175,11 +174,8 @@ def main_launch_forms(*forms):
     return pytest.mark.parametrize("fold_in_main, config", tables + [pytest.param(f, c, id=i) for f, c, i in forms])
 
 
-# Decoding with the main launch's whole-ring folds.
-DECODE_FOLDS = main_launch_forms(
-    (True, LaunchConfig(16, 5, 1, form="fold_unrolled"), "fold-in-main-unrolled-block16"),
-    (True, LaunchConfig(16, 5, 1, form="fold_dot"), "fold-in-main-dot-block16"),
-)
+# Decoding with either fold, and the fold in the main launch on 16-row tiles.
+DECODE_FOLDS = main_launch_forms((True, LaunchConfig(16, 5, 1), "fold-in-main-block16"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -217,8 +213,8 @@ def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, config, devic
 # warp with N chunks gives 2 chunks of 16 at T = 3, 4 (one at T = 2).
 VERIFY_FORMS = main_launch_forms(
     (False, LaunchConfig(8, 2, 1, form="tokens"), "fold-launch-tokens-block8"),
-    (True, LaunchConfig(16, 1, 2, form="tokens+fold_dot"), "fold-in-main-tokens-fold-dot-block16"),
-    (True, LaunchConfig(16, 1, 1, form="tokens_chunked+fold_unrolled"), "fold-in-main-tokens-chunked-unrolled-block16"),
+    (True, LaunchConfig(16, 1, 2, form="tokens"), "fold-in-main-tokens-block16"),
+    (True, LaunchConfig(16, 1, 1, form="tokens_chunked"), "fold-in-main-tokens-chunked-block16"),
 )
 
 
@@ -394,7 +390,7 @@ def test_commit_kernel_matches_reference(device):
     assert torch.equal(cursor, theirs[0]) and torch.equal(pending, theirs[1])
 
 
-@pytest.mark.parametrize("form", ["token", "tokens+tokens_chunked", "tokens+fold_dot+fold_unrolled"])
+@pytest.mark.parametrize("form", ["token", "tokens+tokens_chunked", "fold_dot"])
 def test_unknown_main_form_is_rejected(form):
     with pytest.raises(ValueError, match="no form"):
         kernels._main_form(LaunchConfig(16, 1, 1, form=form), 4, 4, 128)
@@ -402,9 +398,9 @@ def test_unknown_main_form_is_rejected(form):
 
 @pytest.mark.parametrize(
     "config, flush_config, fold_in_main",
-    [(LaunchConfig(16, 1, 1, form="token"), None, True), (LaunchConfig(8, 1, 1, form="fold_dot"), None, True),
+    [(LaunchConfig(16, 1, 1, form="token"), None, True), (LaunchConfig(8, 1, 1, form="fold_unrolled"), None, True),
      (None, LaunchConfig(16, 1, 4, form="rows4"), False)],
-    ids=["main-unknown", "fold-dot-block8", "flush-form"],
+    ids=["main-unknown", "main-removed-form", "flush-form"],
 )  # fmt: skip
 def test_bad_form_raises_before_any_launch(config, flush_config, fold_in_main):
     """The step's launch configurations are checked before its first launch: the state is left as it was
@@ -415,17 +411,12 @@ def test_bad_form_raises_before_any_launch(config, flush_config, fold_in_main):
     x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, "cpu", gen)
     A, D, dt_bias = _params(heads, "cpu", gen)
     before = [t.clone() for t in state]
-    with pytest.raises(ValueError, match="no form|block >= 16"):
+    with pytest.raises(ValueError, match="no form"):
         kernels.mamba2_step_out(
             x, dt, A, B, C, D, dt_bias, z, *state, torch.arange(batch), True, True, y=torch.empty_like(x),
             config=config, flush_config=flush_config, fold_in_main=fold_in_main,
         )  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(state, before))
-
-
-def test_fold_dot_needs_16_rows():
-    with pytest.raises(ValueError, match="block >= 16"):
-        kernels._main_form(LaunchConfig(8, 1, 1, form="fold_dot"), 1, 1, 128)
 
 
 def test_token_block_chunks():

@@ -12,8 +12,8 @@ weights launch has a fixed shape. GDN: the replay kernel for T = 1
 (``gdn_replay_config``, block >= 16), the three-launch step's main launch
 (``gdn_main_config``: a T = 1 table for decoding through the three launches,
 ``gdn_decode_launches``, and a T > 1 one), its fold launch
-(``gdn_flush_config``, block >= 16; T = 1 and T > 1 tables), its weights
-launch (``gdn_weights_config``: warps only), and the conventional one.
+(``gdn_flush_config``, block >= 16), its weights launch
+(``gdn_weights_config``: warps only), and the conventional one.
 
 The figures behind these choices are in docs/kernels.md (tuning log);
 ``benchmarks/decode_kernels.py --sweep`` (T = 1 main launches) and
@@ -86,19 +86,14 @@ _GDN_DECODE_MAIN = {
 }
 # GDN verification (T > 1) main launch: one 8-row tile per 1-warp program (spec_kernels --sweep,
 # 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps; 17:26: 460.3 us
-# against 516-884 for the "tokens" form and 1514-1616 for "dots", both slower than per token here).
+# against 516-884 for a "tokens" block form and 1514-1616 for a "dots" one, both removed; run 9).
 _GDN_VERIFY = {
     (128, 128): LaunchConfig(block=8, split=16, num_warps=1),
 }
-# GDN verification fold launch (only rows whose ring cannot take T more entries work; tl.dot: block >= 16).
-# Forms: "" (one program per (tile group, value head, row)) or "rows<R>" (R rows per program; gdn.py).
+# GDN fold launch of the three-launch step, decoding and verification (only rows whose ring cannot take T
+# more entries work; tl.dot: block >= 16). A form with R rows per program ("rows<R>", docs/kernels.md run 9)
+# tied in decoding (201.2 against 204.2 us) and lost in verification (472-495 against 462 us); removed.
 _GDN_FLUSH = {
-    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),  # "rows4"/"rows8" 472-495 us against 462 (17:26 sweep)
-}
-# GDN decoding (T = 1) through the three launches: their fold launch (about one row in L folds per step at
-# staggered positions). decode_kernels --sweep 2026-11-29 17:25: "rows16" (split 1) 201.2 us against 204.2
-# for this shape, rows8 / rows16 with split 64 208.8-211.8: within noise, so the plain form stays.
-_GDN_DECODE_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
 }
 # GDN weights launch, one program per (key head, row): only num_warps is read (block / split are unused,
@@ -164,10 +159,8 @@ def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConf
     return _pick(table, value_dim, key_dim, loop=False)
 
 
-def gdn_flush_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
-    """The three-launch step's fold launch: ``_GDN_DECODE_FLUSH`` for T = 1, ``_GDN_FLUSH`` for T > 1."""
-    table = _GDN_DECODE_FLUSH if num_tokens == 1 else _GDN_FLUSH
-    return _pick(table, value_dim, key_dim, loop=True)
+def gdn_flush_config(value_dim: int, key_dim: int) -> LaunchConfig:
+    return _pick(_GDN_FLUSH, value_dim, key_dim, loop=True)
 
 
 def gdn_weights_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:

@@ -34,12 +34,6 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
    d entries (one block store each), never the state. One program per row
    moves the cursor.
 
-Launch 1 and 3 have alternative forms, picked by the launch tables
-(``LaunchConfig.form``; each kernel's docstring lists its forms): the main
-launch's ``"tokens"`` (broadcast products over key chunks) and ``"dots"``
-(fp32 ``tl.dot``s over padded token rows) take a tile's T tokens as one block;
-the flush launch's ``"rows<R>"`` gives each program R rows, so far fewer
-programs only read a cursor and exit.
 
 Launches are ordered, which is the only synchronisation between them: each
 ring position and the cursor change only in a launch after every reader of
@@ -186,83 +180,45 @@ def _gdn_replay_kernel(
 
 
 @triton.jit
-def _fold_head(
-    p_ck_head, p_ring_row_k, p_ring_row_d, p_ring_row_g, cur, i_s,
-    s_ck_v, s_ck_k, s_rk_l, s_rk_k, s_rd_l, s_rd_v, s_rg_l, V, K,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
-):  # fmt: skip
-    """Fold a (row, value head)'s ``cur`` committed ring entries into its tiles ``i_s, i_s + SPLIT, ..``:
-    ``S <- exp(sum g) S + sum_i exp(suffix_i) d_i k_i^T`` in fp32 (one rank-L ``tl.dot`` per tile),
-    stored in the checkpoint dtype. Pointers are the head's checkpoint and the row's ring entries of
-    this head (its key head for k)."""
-    o_k = tl.arange(0, BLOCK_K)
-    o_l = tl.arange(0, BLOCK_L)
-    m_k = o_k < K
-    m_hist = o_l < cur
-    b_rg = tl.load(p_ring_row_g + o_l * s_rg_l, mask=m_hist, other=0.0).to(tl.float32)
-    b_rk = tl.load(
-        p_ring_row_k + o_l[:, None] * s_rk_l + o_k[None, :] * s_rk_k, mask=m_hist[:, None] & m_k[None, :], other=0.0
-    ).to(tl.float32)
-    b_wf = tl.where(m_hist, tl.exp(suffix_sums(b_rg, o_l)), 0.0)
-    b_decay_f = tl.exp(tl.sum(b_rg, axis=0))
-    for i_v in range(i_s, NUM_TILES, SPLIT):
-        _, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
-            p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
-        )
-        b_S = fold_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk)
-        tl.store(p_tile, b_S.to(p_ck_head.dtype.element_ty), mask=m_tile)
-
-
-@triton.jit
 def _gdn_flush_kernel(
     p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k,
     s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_rg_s, s_rg_l, s_rg_h,
-    V, K, L, value_per_key, batch,
-    T: tl.constexpr, ROWS: tl.constexpr,
+    V, K, L, value_per_key,
+    T: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """Verification launch 1: rows whose ring cannot take the T new entries (``cursor + T > L``) fold it
-    (``_fold_head``); every other program exits. The only checkpoint write.
-
-    Forms (``LaunchConfig.form``): ``""``, grid (tile group, value head, row): a program reads its row's
-    cursor and exits unless the row folds. ``"rows<R>"`` (``ROWS = R`` <= 32, e.g. ``"rows16"``), grid (tile
-    group, value head, group of R rows): a program reads its R rows' cursors with one vector load and folds
-    its tile group of each folding row in turn. With rows at staggered ring positions about one row in L
-    folds per step, so R = L leaves about one folding row per program and R times fewer programs that
-    only read cursors and exit; rows that fold on the same step (in phase) share a program, one after
-    the other.
-    """
-    i_s, i_h, i_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h64, i_kh64 = i_h.to(tl.int64), (i_h // value_per_key).to(tl.int64)
-    o_j = tl.arange(0, ROWS)
-    # Bit j of folds: row j of this program's group folds.
-    if ROWS == 1:
-        slot_one = tl.load(p_rows + i_g).to(tl.int64)
-        cur_one = tl.load(p_cursor + slot_one)
-        folds = (cur_one + T > L).to(tl.int32)
-    else:
-        m_row = i_g * ROWS + o_j < batch
-        b_slots = tl.load(p_rows + i_g * ROWS + o_j, mask=m_row, other=0).to(tl.int64)
-        b_curs = tl.load(p_cursor + b_slots, mask=m_row, other=0)
-        folds = tl.sum(tl.where(m_row & (b_curs + T > L), tl.full((ROWS,), 1, tl.int32) << o_j, 0), axis=0)
-    if folds != 0:
-        for j in range(ROWS):
-            if (folds >> j) & 1:
-                if ROWS == 1:
-                    slot, cur = slot_one, cur_one
-                else:  # row j's slot and cursor out of the vectors, without another load
-                    slot = tl.sum(tl.where(o_j == j, b_slots, 0), axis=0)
-                    cur = tl.sum(tl.where(o_j == j, b_curs, 0), axis=0)
-                _fold_head(
-                    p_ckpt + slot * s_ck_s + i_h64 * s_ck_h, p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h,
-                    p_ring_d + slot * s_rd_s + i_h64 * s_rd_h, p_ring_g + slot * s_rg_s + i_h64 * s_rg_h, cur, i_s,
-                    s_ck_v, s_ck_k, s_rk_l, s_rk_k, s_rd_l, s_rd_v, s_rg_l, V, K,
-                    BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
-                )  # fmt: skip
+    """Verification launch 1: rows whose ring cannot take the T new entries (``cursor + T > L``) fold it,
+    ``S <- exp(sum g) S + sum_i exp(suffix_i) d_i k_i^T`` in fp32 (one rank-L ``tl.dot`` per tile),
+    stored in the checkpoint dtype; every other program exits. The only checkpoint write."""
+    i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(p_rows + i_b).to(tl.int64)
+    cur = tl.load(p_cursor + slot)
+    if cur + T > L:
+        i_kh = i_h // value_per_key
+        i_h64, i_kh64 = i_h.to(tl.int64), i_kh.to(tl.int64)
+        o_k = tl.arange(0, BLOCK_K)
+        o_l = tl.arange(0, BLOCK_L)
+        m_k = o_k < K
+        m_hist = o_l < cur
+        b_rg = tl.load(p_ring_g + slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l, mask=m_hist, other=0.0).to(tl.float32)
+        b_rk = tl.load(
+            p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h + o_l[:, None] * s_rk_l + o_k[None, :] * s_rk_k,
+            mask=m_hist[:, None] & m_k[None, :], other=0.0,
+        ).to(tl.float32)
+        b_wf = tl.where(m_hist, tl.exp(suffix_sums(b_rg, o_l)), 0.0)
+        b_decay_f = tl.exp(tl.sum(b_rg, axis=0))
+        p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
+        p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
+        for i_v in range(i_s, NUM_TILES, SPLIT):
+            _, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
+                p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+            )
+            b_S = fold_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk)
+            tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
 
 
 @triton.jit
@@ -377,84 +333,6 @@ def _gdn_weights_kernel(
 
 
 @triton.jit
-def _main_tile_tokens(
-    p_ck_head, p_ring_row_d, p_qk_row, p_v_row, i_v, c_eff,
-    s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_qk_i, s_qk_t, s_v_t, s_v_v,
-    b_decay, b_Wk, b_Wq, b_N, b_Wo, o_t, m_t, o_l, V, K,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KC: tl.constexpr, BLOCK_T: tl.constexpr,
-):  # fmt: skip
-    """The main launch's ``tokens`` form for one tile: all T tokens as one block, everything (tokens, rows).
-
-    ``A^T = decay K S^T + Wk R^T`` and ``B^T`` likewise with the queries (R: the ring's d slice), as
-    ``(tokens, rows, key chunk)`` broadcast products: the checkpoint tile is read in ``BLOCK_KC``-column
-    chunks, each chunk's keys and queries of all T tokens come in one load, the chunks' products are summed
-    elementwise into ``BLOCK_T * BLOCK_V * BLOCK_KC`` accumulators and reduced over the columns once.
-    Then ``D^T = N (V - A)^T`` and ``O^T = B^T + Wo D^T`` as ``(T, T, rows)`` products, returned as
-    ``(T, rows)`` blocks for the caller to store (rows are contiguous in memory). All fp32; no ``tl.dot``,
-    which needs 16 token rows (the ``dots`` form pads to them).
-    """
-    o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    m_v = o_v < V
-    # Partial products summed over the chunks elementwise; one reduction over the chunk's columns at the end.
-    b_A3 = tl.zeros((BLOCK_T, BLOCK_V, BLOCK_KC), dtype=tl.float32)
-    b_B3 = tl.zeros((BLOCK_T, BLOCK_V, BLOCK_KC), dtype=tl.float32)
-    p_rows3 = p_ck_head + o_v[None, :, None].to(tl.int64) * s_ck_v
-    for kc in tl.static_range(0, BLOCK_K, BLOCK_KC):
-        o_kc = kc + tl.arange(0, BLOCK_KC)
-        m_kc = o_kc < K
-        # (1, rows, chunk) of the checkpoint tile; (tokens, 1, chunk) of the keys and queries
-        b_S = tl.load(p_rows3 + o_kc[None, None, :] * s_ck_k, mask=m_v[None, :, None] & m_kc[None, None, :], other=0.0)
-        m_tk = m_t[:, None, None] & m_kc[None, None, :]
-        p_tk = p_qk_row + o_t[:, None, None] * s_qk_t + o_kc[None, None, :]
-        b_k = tl.load(p_tk, mask=m_tk, other=0.0)
-        b_q = tl.load(p_tk + s_qk_i, mask=m_tk, other=0.0)
-        b_S = b_S.to(tl.float32)
-        b_A3 += b_S * b_k
-        b_B3 += b_S * b_q
-    # The ring's committed d entries of these rows, (1, rows, entries).
-    b_rd = tl.load(
-        p_ring_row_d + o_l[None, None, :] * s_rd_l + o_v[None, :, None] * s_rd_v,
-        mask=(o_l[None, None, :] < c_eff) & m_v[None, :, None], other=0.0,
-    ).to(tl.float32)
-    b_A = b_decay[:, None] * tl.sum(b_A3, axis=2) + tl.sum(b_Wk[:, None, :] * b_rd, axis=2)
-    b_B = b_decay[:, None] * tl.sum(b_B3, axis=2) + tl.sum(b_Wq[:, None, :] * b_rd, axis=2)
-    m_tv = m_t[:, None] & m_v[None, :]
-    b_V = tl.load(p_v_row + o_t[:, None] * s_v_t + o_v[None, :] * s_v_v, mask=m_tv, other=0.0).to(tl.float32)
-    # D^T[t, :] = sum_s N[t, s] (V - A)^T[s, :]; O^T[t, :] = B^T[t, :] + sum_s Wo[t, s] D^T[s, :]
-    b_D = tl.sum(b_N[:, :, None] * (b_V - b_A)[None, :, :], axis=1)
-    b_O = b_B + tl.sum(b_Wo[:, :, None] * b_D[None, :, :], axis=1)
-    return o_v, m_tv, b_D, b_O
-
-
-@triton.jit
-def _main_tile_dots(
-    p_ck_head, p_ring_row_d, p_v_row, i_v, c_eff,
-    s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
-    b_KQ, b_W, b_decays, b_N, b_P, b_Wo, o_m, o_k, m_k, o_l, T, V,
-    BLOCK_V: tl.constexpr,
-):  # fmt: skip
-    """The main launch's ``dots`` form for one tile: the T tokens as one block of ``tl.dot``s (fp32 operands,
-    ``input_precision="ieee"``: exact fp32 products, no tensor-core rounding), everything (token rows, rows).
-
-    The ``BLOCK_M`` (>= 16) token rows hold keys at 0..T-1 and queries at T..2T-1, zero beyond (see the
-    kernel), so one product ``[K; Q] S^T`` gives ``A^T`` and ``B^T`` together:
-    ``AB = decay [K; Q] S^T + [Wk; Wq] R^T`` (R: the ring's d slice), then ``D^T = N (V - AB)`` (N zero
-    outside its T x T corner, so the B rows drop out), ``O^T = P AB + Wo D^T`` (P moves row T + t to t).
-    Rows >= T of D and O are zero. Rows of the tile: ``BLOCK_V`` >= 16.
-    """
-    o_v, m_v, _, _, b_S, b_rd = _load_tile_ring(
-        p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
-    )
-    b_AB = b_decays[:, None] * tl.dot(b_KQ, tl.trans(b_S), input_precision="ieee")
-    b_AB += tl.dot(b_W, tl.trans(b_rd), input_precision="ieee")
-    m_mv = (o_m[:, None] < T) & m_v[None, :]
-    b_V = tl.load(p_v_row + o_m[:, None] * s_v_t + o_v[None, :] * s_v_v, mask=m_mv, other=0.0).to(tl.float32)
-    b_D = tl.dot(b_N, b_V - b_AB, input_precision="ieee")
-    b_O = tl.dot(b_P, b_AB, input_precision="ieee") + tl.dot(b_Wo, b_D, input_precision="ieee")
-    return o_v, m_mv, b_D, b_O
-
-
-@triton.jit
 def _gdn_main_kernel(
     p_v, p_o, p_ckpt, p_ring_d, p_cursor, p_pending, p_rows, p_w, p_qk, p_pos,
     s_v_b, s_v_t, s_v_h, s_v_v,
@@ -464,9 +342,9 @@ def _gdn_main_kernel(
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key,
-    T: tl.constexpr, COMMIT: tl.constexpr, FORM: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_M: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 3, shaped like the conventional kernel: per tile of value rows, from one read
     of the checkpoint tile, the ring's d slice and the new v, the (rows, T) blocks
@@ -478,13 +356,6 @@ def _gdn_main_kernel(
     the checkpoint. The earlier token-by-token form (d_t to the ring, a barrier, re-read for the next
     token) made the launch latency-bound: 421 us at T = 4 against 144 us at T = 1 (H200, batch 256).
     One program per row moves the cursor: nothing here reads it.
-
-    Forms (``FORM``, from ``LaunchConfig.form``): ``""`` as above, A and B one token column at a time
-    (per-token vector loads and K-wide reductions); ``"tokens"``: the T tokens as one block,
-    ``_main_tile_tokens`` (their keys, queries and weights loaded as blocks, the tile read in
-    ``BLOCK_KC``-column chunks, broadcast products, outputs and d stored as (T, rows) blocks);
-    ``"dots"``: the same as ``tl.dot``s in fp32 (``_main_tile_dots``; ``BLOCK_M`` >= 16 token rows, keys
-    then queries, and tiles of >= 16 rows: ``2T / BLOCK_M`` of the products are useful, 1/2 at T = 4 or 8).
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_kh = i_h // value_per_key
@@ -514,81 +385,36 @@ def _gdn_main_kernel(
     p_w_tt = p_w_row + o_t[:, None] * s_w_t + o_t[None, :]
     b_N = tl.load(p_w_tt + 2 * L, mask=m_t[:, None] & m_t[None, :], other=0.0)
     b_Wq = tl.load(p_w_tt + (2 * L + T), mask=m_t[:, None] & m_t[None, :], other=0.0)
-    if FORM == "dots":
-        # Per program, the padded token rows m (``BLOCK_M``): key k_t at m = t, query q_t at m = T + t,
-        # zero rows beyond 2T; their ring weights and checkpoint decays; N, P and Wo as (m, m) blocks.
-        o_m = tl.arange(0, BLOCK_M)
-        m_key = o_m < T
-        m_used = o_m < 2 * T
-        t_of_m = tl.where(m_key, o_m, o_m - T)
-        p_kq = p_qk_row + (t_of_m * s_qk_t + tl.where(m_key, 0, s_qk_i))[:, None] + o_k[None, :]
-        b_KQ = tl.load(p_kq, mask=m_used[:, None] & m_k[None, :], other=0.0)
-        p_w_m = p_w_row + t_of_m * s_w_t
-        p_w_ring = p_w_m[:, None] + tl.where(m_key, 0, L)[:, None] + o_l[None, :]  # r's weights, then o's
-        b_W_ring = tl.load(p_w_ring, mask=m_used[:, None] & m_ring[None, :], other=0.0)
-        b_decays = tl.load(p_w_m + (2 * L + 2 * T), mask=m_used, other=0.0)
-        m_tt = m_key[:, None] & m_key[None, :]
-        b_N_m = tl.load(p_w_m[:, None] + 2 * L + o_m[None, :], mask=m_tt, other=0.0)
-        b_Wo_m = tl.load(p_w_m[:, None] + (2 * L + T) + o_m[None, :], mask=m_tt, other=0.0)
-        b_P = tl.where(m_key[:, None] & (o_m[None, :] == o_m[:, None] + T), 1.0, 0.0)
-    if FORM == "tokens":
-        # Every token's ring weights of r and o (tokens, entries) and checkpoint decay, once per program.
-        p_w_tl = p_w_row + o_t[:, None] * s_w_t + o_l[None, :]
-        m_tl = m_t[:, None] & m_ring[None, :]
-        b_wk_ring = tl.load(p_w_tl, mask=m_tl, other=0.0)
-        b_wq_ring = tl.load(p_w_tl + L, mask=m_tl, other=0.0)
-        b_decays = tl.load(p_w_row + o_t * s_w_t + (2 * L + 2 * T), mask=m_t, other=0.0)
     for i_v in range(i_s, NUM_TILES, SPLIT):
-        if FORM == "dots":
-            o_v, m_mv, b_Dm, b_Om = _main_tile_dots(
-                p_ck_head, p_ring_row_d, p_v_row, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
-                b_KQ, b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_k, m_k, o_l, T, V, BLOCK_V,
-            )  # fmt: skip
-            tl.store(p_o_row + o_m[:, None] * s_o_t + o_v[None, :] * s_o_v, b_Om.to(p_o.dtype.element_ty), mask=m_mv)
-            tl.store(
-                p_ring_row_d + (c_eff + o_m[:, None]) * s_rd_l + o_v[None, :] * s_rd_v, b_Dm.to(p_ring_d.dtype.element_ty), mask=m_mv
-            )
-        elif FORM == "tokens":
-            o_v, m_tv, b_Dt, b_Ot = _main_tile_tokens(
-                p_ck_head, p_ring_row_d, p_qk_row, p_v_row, i_v, c_eff,
-                s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_qk_i, s_qk_t, s_v_t, s_v_v,
-                b_decays, b_wk_ring, b_wq_ring, b_N, b_Wq, o_t, m_t, o_l, V, K,
-                BLOCK_V, BLOCK_K, BLOCK_KC, BLOCK_T,
-            )  # fmt: skip
-            tl.store(p_o_row + o_t[:, None] * s_o_t + o_v[None, :] * s_o_v, b_Ot.to(p_o.dtype.element_ty), mask=m_tv)
-            tl.store(
-                p_ring_row_d + (c_eff + o_t[:, None]) * s_rd_l + o_v[None, :] * s_rd_v, b_Dt.to(p_ring_d.dtype.element_ty), mask=m_tv
-            )
-        else:
-            o_v, m_v, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
-                p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
-            )
-            # Per token, the checkpoint + ring parts of r_t and o_t as columns of A and B (rows, tokens): no
-            # token reads another's result, so nothing waits on memory between tokens.
-            b_A = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
-            b_B = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
-            for t in tl.static_range(T):
-                p_w_t = p_w_row + t * s_w_t
-                b_k_t = tl.load(p_qk_row + t * s_qk_t + o_k, mask=m_k, other=0.0)
-                b_q_t = tl.load(p_qk_row + s_qk_i + t * s_qk_t + o_k, mask=m_k, other=0.0)
-                b_decay = tl.load(p_w_t + (2 * L + 2 * T))
-                b_wk = tl.load(p_w_t + o_l, mask=m_ring, other=0.0)
-                b_wq = tl.load(p_w_t + L + o_l, mask=m_ring, other=0.0)
-                # Every block is (rows, .) like the tile, so each sum runs along axis 1.
-                b_a = b_decay * tl.sum(b_S * b_k_t[None, :], axis=1) + tl.sum(b_wk[None, :] * b_rd, axis=1)
-                b_b = b_decay * tl.sum(b_S * b_q_t[None, :], axis=1) + tl.sum(b_wq[None, :] * b_rd, axis=1)
-                b_A = tl.where(o_t[None, :] == t, b_a[:, None], b_A)
-                b_B = tl.where(o_t[None, :] == t, b_b[:, None], b_B)
-            b_V = tl.load(p_v_row + o_t[None, :] * s_v_t + o_v[:, None] * s_v_v, mask=m_v[:, None] & m_t[None, :], other=0.0)
-            # D = (V - A) N^T, O = B + D Wq'^T: (rows, T, T) products, summed over the last axis.
-            b_D = tl.sum((b_V.to(tl.float32) - b_A)[:, None, :] * b_N[None, :, :], axis=2)
-            b_O = b_B + tl.sum(b_D[:, None, :] * b_Wq[None, :, :], axis=2)
-            m_vt = m_v[:, None] & m_t[None, :]
-            tl.store(p_o_row + o_t[None, :] * s_o_t + o_v[:, None] * s_o_v, b_O.to(p_o.dtype.element_ty), mask=m_vt)
-            # d at ring positions c .. c + T - 1 (fp32 in the state classes; only the fold reads them back).
-            tl.store(
-                p_ring_row_d + (c_eff + o_t[None, :]) * s_rd_l + o_v[:, None] * s_rd_v, b_D.to(p_ring_d.dtype.element_ty), mask=m_vt
-            )
+        o_v, m_v, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
+            p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+        )
+        # Per token, the checkpoint + ring parts of r_t and o_t as columns of A and B (rows, tokens): no
+        # token reads another's result, so nothing waits on memory between tokens.
+        b_A = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
+        b_B = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
+        for t in tl.static_range(T):
+            p_w_t = p_w_row + t * s_w_t
+            b_k_t = tl.load(p_qk_row + t * s_qk_t + o_k, mask=m_k, other=0.0)
+            b_q_t = tl.load(p_qk_row + s_qk_i + t * s_qk_t + o_k, mask=m_k, other=0.0)
+            b_decay = tl.load(p_w_t + (2 * L + 2 * T))
+            b_wk = tl.load(p_w_t + o_l, mask=m_ring, other=0.0)
+            b_wq = tl.load(p_w_t + L + o_l, mask=m_ring, other=0.0)
+            # Every block is (rows, .) like the tile, so each sum runs along axis 1.
+            b_a = b_decay * tl.sum(b_S * b_k_t[None, :], axis=1) + tl.sum(b_wk[None, :] * b_rd, axis=1)
+            b_b = b_decay * tl.sum(b_S * b_q_t[None, :], axis=1) + tl.sum(b_wq[None, :] * b_rd, axis=1)
+            b_A = tl.where(o_t[None, :] == t, b_a[:, None], b_A)
+            b_B = tl.where(o_t[None, :] == t, b_b[:, None], b_B)
+        b_V = tl.load(p_v_row + o_t[None, :] * s_v_t + o_v[:, None] * s_v_v, mask=m_v[:, None] & m_t[None, :], other=0.0)
+        # D = (V - A) N^T, O = B + D Wq'^T: (rows, T, T) products, summed over the last axis.
+        b_D = tl.sum((b_V.to(tl.float32) - b_A)[:, None, :] * b_N[None, :, :], axis=2)
+        b_O = b_B + tl.sum(b_D[:, None, :] * b_Wq[None, :, :], axis=2)
+        m_vt = m_v[:, None] & m_t[None, :]
+        tl.store(p_o_row + o_t[None, :] * s_o_t + o_v[:, None] * s_o_v, b_O.to(p_o.dtype.element_ty), mask=m_vt)
+        # d at ring positions c .. c + T - 1 (fp32 in the state classes; only the fold reads them back).
+        tl.store(
+            p_ring_row_d + (c_eff + o_t[None, :]) * s_rd_l + o_v[:, None] * s_rd_v, b_D.to(p_ring_d.dtype.element_ty), mask=m_vt
+        )
 
 
 @triton.jit
@@ -700,27 +526,10 @@ def _tiles(dim: int, cfg: LaunchConfig) -> tuple[int, int]:
     return num_tiles, min(cfg.split, num_tiles)
 
 
-def _check_form(kernel: str, cfg: LaunchConfig, forms: tuple[str, ...]) -> None:
-    if cfg.form not in forms:
-        raise ValueError(f"{kernel}: unknown form {cfg.form!r} (known: {forms})")
-
-
-def _flush_rows(cfg: LaunchConfig) -> int:
-    """Rows per flush program: 1 for the default form, R for ``"rows<R>"`` (R = 2, 4, .., 32)."""
-    if not cfg.form:
-        return 1
-    rows = int(cfg.form[4:]) if cfg.form.startswith("rows") and cfg.form[4:].isdigit() else 0
-    if rows < 2 or rows > 32 or rows & (rows - 1):  # the folding rows are bits of an int32
-        raise ValueError(f"_gdn_flush_kernel: unknown form {cfg.form!r} (known: '', 'rows<R>', R = 2, 4, .., 32)")
-    return rows
-
-
-def _main_key_chunk(cfg: LaunchConfig, block_k: int, block_t: int) -> int:
-    """Key columns per chunk in the main launch's ``tokens`` form: about 8 values per thread in each
-    (tokens, rows, chunk) accumulator (powers of two throughout), at least 8 columns (a 32-byte sector of
-    fp32). Compiled for sm_90 at K = 128, T = 4, 8 rows on 1 warp: 78 registers (128 with 32 values per
-    thread; the default form 96)."""
-    return min(block_k, max(8, 256 * cfg.num_warps // (cfg.block * block_t)))
+def _check_form(kernel: str, cfg: LaunchConfig) -> None:
+    """The GDN kernels have one form each (the block forms timed in docs/kernels.md run 9 lost and were removed)."""
+    if cfg.form:
+        raise ValueError(f"{kernel} has no form {cfg.form!r} (only the default, '')")
 
 
 def gdn_step_out(
@@ -733,8 +542,9 @@ def gdn_step_out(
     T = 1 (decoding) runs ``_gdn_replay_kernel`` (``config``, default from the replay table) and the
     append, or, with ``decode_launches=3`` (default from ``gdn_decode_launches``), the three launches
     of verification. T > 1 (verification) runs ``_gdn_flush_kernel`` (``flush_config``, default from
-    ``gdn_flush_config``), ``_gdn_weights_kernel`` (``weights_config``: only its ``num_warps`` counts; default
-    from ``gdn_weights_config``) and ``_gdn_main_kernel`` (``config``, default from ``gdn_main_config``).
+    ``gdn_flush_config``), ``_gdn_weights_kernel`` (``weights_config``: only its ``num_warps`` counts;
+    default from ``gdn_weights_config``) and ``_gdn_main_kernel`` (``config``, default from
+    ``gdn_main_config``).
     """
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -750,7 +560,7 @@ def gdn_step_out(
         return
     window = ring_k.shape[1]
     cfg = config or gdn_replay_config(value_dim, key_dim)
-    _check_form("_gdn_replay_kernel", cfg, ("",))
+    _check_form("_gdn_replay_kernel", cfg)
     num_tiles, split = _tiles(value_dim, cfg)
     q1, k1, v1, g1, beta1, o1 = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], o[:, 0]
     with device_context(v):
@@ -798,21 +608,18 @@ def _gdn_three_launches(
         **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
         **dict(zip(("s_qk_b", "s_qk_h", "s_qk_i", "s_qk_t"), qk.stride()[:4])),
     )  # fmt: skip
-    # Every launch's configuration is checked before the first launch: a bad form must not leave a half-done step.
-    fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens)
-    flush_rows = _flush_rows(fcfg)
+    # Every launch's configuration is checked before the first launch: a bad one must not leave a half-done step.
+    fcfg = flush_config or gdn_flush_config(value_dim, key_dim)
     wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
-    _check_form("_gdn_weights_kernel", wcfg, ("",))
     cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
-    _check_form("_gdn_main_kernel", cfg, ("", "tokens", "dots"))
-    if cfg.form == "dots" and cfg.block < 16:
-        raise ValueError(f"_gdn_main_kernel: the dots form needs tiles of >= 16 rows, got {cfg}")
+    for kernel, launch in (("_gdn_flush_kernel", fcfg), ("_gdn_weights_kernel", wcfg), ("_gdn_main_kernel", cfg)):
+        _check_form(kernel, launch)
     with device_context(v):
         num_tiles, split = _tiles(value_dim, fcfg)
-        _gdn_flush_kernel[(split, value_heads, triton.cdiv(batch, flush_rows))](
+        _gdn_flush_kernel[(split, value_heads, batch)](
             p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
             **ck_strides, **rk_strides, **rd_strides, **rg_strides,
-            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, T=num_tokens, ROWS=flush_rows,
+            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens,
             BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=num_tiles, SPLIT=split,
             num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
         )  # fmt: skip
@@ -837,10 +644,7 @@ def _gdn_three_launches(
             **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
             **ck_strides, **rd_strides, **scratch_strides,
             V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit,
-            FORM=cfg.form, BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_KC=_main_key_chunk(cfg, block_k, block_t),
-            # the dots form's ring product is a tl.dot over the entries: >= 16 of them
-            BLOCK_L=max(block_l, 16) if cfg.form == "dots" else block_l, BLOCK_T=block_t, BLOCK_M=max(16, next_pow2(2 * num_tokens)),
-            NUM_TILES=num_tiles, SPLIT=split,
+            BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
 
@@ -885,7 +689,7 @@ def gdn_conventional_step_out(
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     cfg = config or gdn_conventional_config(value_dim, key_dim)
-    _check_form("_gdn_conventional_kernel", cfg, ("",))
+    _check_form("_gdn_conventional_kernel", cfg)
     num_tiles, split = _tiles(value_dim, cfg)
     with device_context(v):
         _gdn_conventional_kernel[(split, value_heads, batch)](

@@ -41,7 +41,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import device_context, fold_store_tile, fold_tile, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
+from .common import device_context, fold_tile, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
 from .configs import (
     LaunchConfig,
     mamba2_conventional_config,
@@ -52,62 +52,32 @@ from .configs import (
 )
 
 
-# Ring entries per iteration of ``fold_ring_store``'s chunked loop: their loads are issued together, so a
-# fold costs n / FOLD_CHUNK round trips to L2 instead of n.
+# Ring entries per iteration of ``fold_ring_store``'s loop: their loads are issued together, so a
+# fold costs n / FOLD_CHUNK round trips to L2 instead of n. (Unrolling over the whole ring, or one
+# tl.dot from two block loads, cost more registers in every program of the launch than the latency they
+# hid: docs/kernels.md run 9.)
 FOLD_CHUNK = tl.constexpr(4)
-# How the main launch folds a full ring into a tile (``fold_ring_store``; forms "", "fold_unrolled", "fold_dot").
-FOLD_CHUNKED = tl.constexpr(0)
-FOLD_UNROLLED = tl.constexpr(1)
-FOLD_DOT = tl.constexpr(2)
 
 
 @triton.jit
-def _ring_rank1_term(i, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L):
-    """``w[i] u_i[rows] v_i^T`` (fp32) for ring entry ``i < n``, zero for ``i >= n`` (nothing is loaded)."""
-    live = i < n
-    m_u = tl.where(live, m_row, False)  # (a bool scalar in a mask trips the interpreter)
-    m_v = tl.where(live, m_k, False)
-    b_u = tl.load(p_u + i * s_u_l + o_row * s_u_row, mask=m_u, other=0.0).to(tl.float32)
-    b_v = tl.load(p_v + i * s_v_l + o_k, mask=m_v, other=0.0)
-    b_w = tl.where(live, tl.load(p_w + tl.minimum(i, L)), 0.0)  # w[i >= n] is unwritten scratch
-    return (b_w * b_u)[:, None] * b_v[None, :]
-
-
-@triton.jit
-def fold_ring_store(
-    b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L, p_tile, m_tile,
-    FORM: tl.constexpr, BLOCK_L: tl.constexpr,
-):  # fmt: skip
-    """Fold ``n`` ring entries into a checkpoint tile in fp32 and store it:
+def fold_ring_store(b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L, p_tile, m_tile):
+    """Fold ``n`` ring entries into a checkpoint tile by rank-1 updates in fp32 and store it:
     ``S <- w[L] S + sum_{i<n} w[i] u_i[rows] v_i^T`` (u: x from the ring; v: B and w, the weights,
-    from the step's scratch). Returns the tile as stored, in fp32; the barrier makes every thread
-    finish reading the ring before the caller overwrites its entries. ``FORM``:
-
-    * ``FOLD_CHUNKED``: rank-1 updates in a loop over groups of FOLD_CHUNK entries; each group waits
-      for its loads (n / FOLD_CHUNK round trips to L2).
-    * ``FOLD_UNROLLED``: rank-1 updates unrolled over all BLOCK_L entries (masked beyond n): no load
-      depends on an FMA, so the scheduler may issue every entry's loads before the first update.
-    * ``FOLD_DOT``: x and B loaded as two blocks (one round trip) and one rank-L ``tl.dot`` in fp32
-      (``ieee``); tiles of >= 16 rows, BLOCK_L >= 16.
-
-    The decay comes first in the rank-1 forms, so no second tile-sized accumulator.
+    from the step's scratch). For tiles of a few rows, too small for a ``tl.dot``. The
+    decay comes first, so no second tile-sized accumulator. Returns the tile as stored, in fp32; the
+    barrier makes every thread finish reading the ring before the caller overwrites its entries.
     """
-    if FORM == FOLD_DOT:
-        o_l = tl.arange(0, BLOCK_L)
-        m_l = o_l < n
-        b_wu = tl.load(p_w + o_l, mask=m_l, other=0.0)  # w[i >= n] is unwritten scratch
-        b_U = tl.load(p_u + o_l[:, None] * s_u_l + o_row[None, :] * s_u_row, mask=m_l[:, None] & m_row[None, :], other=0.0)
-        b_V = tl.load(p_v + o_l[:, None] * s_v_l + o_k[None, :], mask=m_l[:, None] & m_k[None, :], other=0.0)
-        b_S = fold_tile(b_S, tl.load(p_w + L), b_U.to(tl.float32) * b_wu[:, None], b_V)
-    else:
-        b_S = b_S * tl.load(p_w + L)
-        if FORM == FOLD_UNROLLED:
-            for i in tl.static_range(BLOCK_L):
-                b_S += _ring_rank1_term(i, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L)
-        else:
-            for i0 in range(0, n, FOLD_CHUNK):
-                for j in tl.static_range(FOLD_CHUNK):
-                    b_S += _ring_rank1_term(i0 + j, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L)
+    b_S = b_S * tl.load(p_w + L)
+    for i0 in range(0, n, FOLD_CHUNK):
+        for j in tl.static_range(FOLD_CHUNK):
+            i = i0 + j
+            live = i < n
+            m_u = tl.where(live, m_row, False)  # (a bool scalar in a mask trips the interpreter)
+            m_v = tl.where(live, m_k, False)
+            b_u = tl.load(p_u + i * s_u_l + o_row * s_u_row, mask=m_u, other=0.0).to(tl.float32)
+            b_v = tl.load(p_v + i * s_v_l + o_k, mask=m_v, other=0.0)
+            b_w = tl.where(live, tl.load(p_w + tl.minimum(i, L)), 0.0)  # w[i >= n] is unwritten scratch
+            b_S += (b_w * b_u)[:, None] * b_v[None, :]
     b_stored = b_S.to(p_tile.dtype.element_ty)
     tl.store(p_tile, b_stored, mask=m_tile)
     tl.debug_barrier()
@@ -336,7 +306,7 @@ def _mamba2_main_kernel(
     s_fB_b, s_fB_g, s_fB_l,
     P, N, L, heads_per_group,
     T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
-    TOKEN_BLOCK: tl.constexpr, FOLD_FORM: tl.constexpr, N_CHUNK: tl.constexpr,
+    TOKEN_BLOCK: tl.constexpr, N_CHUNK: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -350,11 +320,10 @@ def _mamba2_main_kernel(
     is too small for a ``tl.dot``; the weights and B come from launch 2's fold scratch), writes the
     tile (the step's only state write) and continues from it as stored, with an empty ring.
 
-    Forms (``LaunchConfig.form``, words joined by "+"; the launcher turns them into constexprs):
+    Forms (``LaunchConfig.form``; the launcher turns them into constexprs):
 
     * ``""``: for T > 1 one token at a time (C_t, the weights row, a 128-wide reduction of S C_t and
-      a short one over the ring: T dependent round trips and reductions per program); folds by
-      ``fold_ring_store``'s chunked loop.
+      a short one over the ring: T dependent round trips and reductions per program).
     * ``"tokens"`` (``TOKEN_BLOCK``, T > 1 only): all T outputs of the tile as one block. The C block
       (T, N), the weights block (T, L + 1 + T), the ring x slice and the new x are each loaded once;
       ``S C^T`` is one (T, rows, N) broadcast product reduced once (one set of cross-thread
@@ -364,10 +333,8 @@ def _mamba2_main_kernel(
       (its own writes, visible after the fold's barrier).
     * ``"tokens_chunked"``: the same with the product accumulated over N chunks of N_CHUNK columns
       (fewer registers; sm_90 compiles show some chunks' loads issued after the C chunks' layout
-      conversions, whose barriers may serialise them).
-    * ``"fold_unrolled"`` / ``"fold_dot"`` (``FOLD_FORM``, with ``FOLD_IN_MAIN``): how a full ring is
-      folded (``fold_ring_store``): rank-1 updates unrolled over the whole ring, or one ``tl.dot``
-      (block >= 16).
+      conversions, whose barriers may serialise them). The table's form for verification since
+      docs/kernels.md run 9 (16-row tiles: 13-14% faster verify steps than per token).
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_g = i_h // heads_per_group
@@ -418,7 +385,6 @@ def _mamba2_main_kernel(
                 b_S = fold_ring_store(
                     b_S, n_fold, p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h, p_ring_row_x, s_rx_l, s_rx_p, o_p, m_p,
                     p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g, s_fB_l, o_n, m_n, L, p_tile, m_p[:, None] & m_n[None, :],
-                    FORM=FOLD_FORM, BLOCK_L=BLOCK_L,
                 )  # fmt: skip
         b_rx = tl.load(
             p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_ring[:, None] & m_p[None, :], other=0.0
@@ -552,26 +518,20 @@ def _tiles(dim: int, cfg: LaunchConfig) -> tuple[int, int]:
     return num_tiles, min(cfg.split, num_tiles)
 
 
-_MAIN_FOLD_FORMS = {"fold_unrolled": FOLD_UNROLLED.value, "fold_dot": FOLD_DOT.value}
 # fp32 accumulators per thread for the token block's (T, rows, N_CHUNK) product.
 _TOKEN_BLOCK_REGISTERS = 32
 
 
 def _main_form(cfg: LaunchConfig, num_tokens: int, block_t: int, block_n: int) -> dict:
-    """``_mamba2_main_kernel``'s form constexprs from ``cfg.form`` (words joined by "+"; see its docstring)."""
-    words = set(filter(None, cfg.form.split("+")))
-    token_forms = words & {"tokens", "tokens_chunked"}
-    unknown = words - {"tokens", "tokens_chunked", *_MAIN_FOLD_FORMS}
-    if unknown or len(token_forms) > 1 or len(words & set(_MAIN_FOLD_FORMS)) > 1:
-        raise ValueError(f"_mamba2_main_kernel has no form {cfg.form!r}")
-    fold_form = next((_MAIN_FOLD_FORMS[w] for w in words if w in _MAIN_FOLD_FORMS), FOLD_CHUNKED.value)
-    if fold_form == FOLD_DOT.value and cfg.block < 16:
-        raise ValueError(f"form fold_dot needs block >= 16 (a tl.dot), got {cfg.block}")
+    """``_mamba2_main_kernel``'s form constexprs from ``cfg.form`` ("", "tokens" or "tokens_chunked"; see its
+    docstring). The token block applies to T > 1; at T = 1 every form is the decode step's."""
+    if cfg.form not in ("", "tokens", "tokens_chunked"):
+        raise ValueError(f"_mamba2_main_kernel has no form {cfg.form!r} (known: '', 'tokens', 'tokens_chunked')")
     n_chunk = block_n
-    if "tokens_chunked" in words:
+    if cfg.form == "tokens_chunked":
         per_chunk = 32 * cfg.num_warps * _TOKEN_BLOCK_REGISTERS // (block_t * cfg.block)
         n_chunk = min(block_n, max(1, next_pow2(per_chunk + 1) // 2))  # the power of two <= per_chunk
-    return dict(TOKEN_BLOCK=bool(token_forms) and num_tokens > 1, FOLD_FORM=fold_form, N_CHUNK=n_chunk)
+    return dict(TOKEN_BLOCK=bool(cfg.form) and num_tokens > 1, N_CHUNK=n_chunk)
 
 
 def mamba2_step_out(
