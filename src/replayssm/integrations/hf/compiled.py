@@ -268,7 +268,7 @@ def _release_generator() -> None:
     if not torch.cuda.is_initialized():
         return  # no capture ran (the CPU tests' simulated failures)
     try:
-        torch.empty(1, device="cuda").uniform_()  # only a generator left capturing raises here
+        torch.empty(1, device="cuda").uniform_()  # only a generator left capturing raises here (else: one draw used)
     except RuntimeError as err:
         if "outside graph capture" not in str(err):
             raise
