@@ -38,6 +38,19 @@ def suffix_sums(b_log, o_l):
 
 
 @triton.jit
+def head_suffix_sums(b_log, o_l):
+    """``out[j, i] = sum_{m > i} b_log[j, m]`` per head j (entries past a row's history are zero in
+    ``b_log``): ``suffix_sums`` for a (heads, entries) block."""
+    return tl.sum(tl.where(o_l[None, None, :] > o_l[None, :, None], b_log[:, None, :], 0.0), axis=2)
+
+
+def check_form(kernel: str, cfg, forms: tuple[str, ...] = ("",)) -> None:
+    """Raise if a launch table gives ``kernel`` a ``LaunchConfig.form`` it does not have (before any launch)."""
+    if cfg.form not in forms:
+        raise ValueError(f"{kernel} has no form {cfg.form!r} (known: {', '.join(repr(f) for f in forms)})")
+
+
+@triton.jit
 def fold_tile(b_S, b_decay, b_U, b_W):
     """``decay * S + U^T W`` in fp32: the ring folded into a checkpoint tile as one rank-L update.
 

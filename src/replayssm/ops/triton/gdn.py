@@ -49,7 +49,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import device_context, fold_store_tile, fold_tile, next_pow2, suffix_sums, uses_float64
+from .common import check_form, device_context, fold_store_tile, fold_tile, head_suffix_sums, next_pow2, suffix_sums, uses_float64
 from .configs import (
     LaunchConfig,
     gdn_conventional_config,
@@ -222,13 +222,6 @@ def _gdn_flush_kernel(
 
 
 @triton.jit
-def _head_suffix_sums(b_rg, o_l):
-    """``out[j, i] = sum_{m > i} b_rg[j, m]`` per head j (entries past the history are zero in ``b_rg``):
-    direct segment sums, no difference of cumulative sums."""
-    return tl.sum(tl.where(o_l[None, None, :] > o_l[None, :, None], b_rg[:, None, :], 0.0), axis=2)
-
-
-@triton.jit
 def _gdn_weights_kernel(
     p_q, p_k, p_g, p_beta, p_ring_k, p_ring_g, p_cursor, p_rows, p_w, p_qk, p_pos,
     s_q_b, s_q_t, s_q_h, s_q_k,
@@ -293,7 +286,7 @@ def _gdn_weights_kernel(
     ).to(tl.float32)
     b_rg = tl.load(p_ring_g + slot * s_rg_s + o_l[None, :] * s_rg_l + o_h[:, None] * s_rg_h, mask=m_jl, other=0.0).to(tl.float32)
     b_g = tl.load(p_g + i_b64 * s_g_b + o_t[None, :] * s_g_t + o_h[:, None] * s_g_h, mask=m_jt, other=0.0).to(tl.float32)
-    b_suffix = _head_suffix_sums(b_rg, o_l)
+    b_suffix = head_suffix_sums(b_rg, o_l)
     b_ring_total = tl.sum(b_rg, axis=1)
     p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
     m_wl = m_j[:, None] & (o_l[None, :] < L)
@@ -386,7 +379,7 @@ def _gdn_main_kernel(
     b_N = tl.load(p_w_tt + 2 * L, mask=m_t[:, None] & m_t[None, :], other=0.0)
     b_Wq = tl.load(p_w_tt + (2 * L + T), mask=m_t[:, None] & m_t[None, :], other=0.0)
     for i_v in range(i_s, NUM_TILES, SPLIT):
-        o_v, m_v, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
+        o_v, m_v, _, _, b_S, b_rd = _load_tile_ring(
             p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
         )
         # Per token, the checkpoint + ring parts of r_t and o_t as columns of A and B (rows, tokens): no
@@ -526,12 +519,6 @@ def _tiles(dim: int, cfg: LaunchConfig) -> tuple[int, int]:
     return num_tiles, min(cfg.split, num_tiles)
 
 
-def _check_form(kernel: str, cfg: LaunchConfig) -> None:
-    """The GDN kernels have one form each (the block forms timed in docs/kernels.md run 9 lost and were removed)."""
-    if cfg.form:
-        raise ValueError(f"{kernel} has no form {cfg.form!r} (only the default, '')")
-
-
 def gdn_step_out(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
@@ -560,7 +547,7 @@ def gdn_step_out(
         return
     window = ring_k.shape[1]
     cfg = config or gdn_replay_config(value_dim, key_dim)
-    _check_form("_gdn_replay_kernel", cfg)
+    check_form("_gdn_replay_kernel", cfg)
     num_tiles, split = _tiles(value_dim, cfg)
     q1, k1, v1, g1, beta1, o1 = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], o[:, 0]
     with device_context(v):
@@ -613,7 +600,7 @@ def _gdn_three_launches(
     wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
     cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
     for kernel, launch in (("_gdn_flush_kernel", fcfg), ("_gdn_weights_kernel", wcfg), ("_gdn_main_kernel", cfg)):
-        _check_form(kernel, launch)
+        check_form(kernel, launch)
     with device_context(v):
         num_tiles, split = _tiles(value_dim, fcfg)
         _gdn_flush_kernel[(split, value_heads, batch)](
@@ -689,7 +676,7 @@ def gdn_conventional_step_out(
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     cfg = config or gdn_conventional_config(value_dim, key_dim)
-    _check_form("_gdn_conventional_kernel", cfg)
+    check_form("_gdn_conventional_kernel", cfg)
     num_tiles, split = _tiles(value_dim, cfg)
     with device_context(v):
         _gdn_conventional_kernel[(split, value_heads, batch)](

@@ -41,7 +41,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import device_context, fold_tile, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
+from .common import check_form, device_context, fold_tile, head_suffix_sums, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
 from .configs import (
     LaunchConfig,
     mamba2_conventional_config,
@@ -238,8 +238,7 @@ def _mamba2_weights_kernel(
     m_jr = m_j[:, None] & m_read[None, :]
     b_rld = tl.load(p_ring_ld + slot * s_rld_s + o_l[None, :] * s_rld_l + o_h[:, None] * s_rld_h, mask=m_jr, other=0.0).to(tl.float32)
     b_rdt = tl.load(p_ring_dt + slot * s_rdt_s + o_l[None, :] * s_rdt_l + o_h[:, None] * s_rdt_h, mask=m_jr, other=0.0).to(tl.float32)
-    # suffix[j, i] = sum_{m > i} l[j, m]: direct segment sums per head (no difference of cumulative sums)
-    b_suffix = tl.sum(tl.where(o_l[None, None, :] > o_l[None, :, None], b_rld[:, None, :], 0.0), axis=2)
+    b_suffix = head_suffix_sums(b_rld, o_l)  # suffix[j, i] = sum_{m > i} l[j, m]
     b_read_total = tl.sum(b_rld, axis=1)
     b_ring_total = tl.where(flush, 0.0, b_read_total)  # the outputs' checkpoint decay: a folded ring is in the checkpoint
     p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
@@ -525,8 +524,7 @@ _TOKEN_BLOCK_REGISTERS = 32
 def _main_form(cfg: LaunchConfig, num_tokens: int, block_t: int, block_n: int) -> dict:
     """``_mamba2_main_kernel``'s form constexprs from ``cfg.form`` ("", "tokens" or "tokens_chunked"; see its
     docstring). The token block applies to T > 1; at T = 1 every form is the decode step's."""
-    if cfg.form not in ("", "tokens", "tokens_chunked"):
-        raise ValueError(f"_mamba2_main_kernel has no form {cfg.form!r} (known: '', 'tokens', 'tokens_chunked')")
+    check_form("_mamba2_main_kernel", cfg, ("", "tokens", "tokens_chunked"))
     n_chunk = block_n
     if cfg.form == "tokens_chunked":
         per_chunk = 32 * cfg.num_warps * _TOKEN_BLOCK_REGISTERS // (block_t * cfg.block)
@@ -578,8 +576,7 @@ def mamba2_step_out(
     if config is None:
         config = mamba2_replay_config(head_dim, state_size) if num_tokens == 1 else mamba2_verify_config(head_dim, state_size)
     main_form = _main_form(config, num_tokens, block_t, block_n)
-    if fcfg.form:
-        raise ValueError(f"_mamba2_flush_kernel has no form {fcfg.form!r}")
+    check_form("_mamba2_flush_kernel", fcfg)
     num_tiles, split = _tiles(head_dim, fcfg)
     with device_context(x):
         if not fold_in_main:
@@ -659,8 +656,7 @@ def mamba2_conventional_step_out(
     batch, num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[2], B.shape[3]
     cfg = config or mamba2_conventional_config(head_dim, state_size)
-    if cfg.form:
-        raise ValueError(f"_mamba2_conventional_kernel has no form {cfg.form!r}")
+    check_form("_mamba2_conventional_kernel", cfg)
     num_tiles, split = _tiles(head_dim, cfg)
     with device_context(x):
         _mamba2_conventional_kernel[(split, heads, batch)](
