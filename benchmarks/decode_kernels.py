@@ -178,7 +178,7 @@ class Case:
             y = torch.empty_like(x)
             mamba2_kernels.mamba2_step_out(
                 x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True, y=y, config=variant.config,
-                fold_in_main=variant.fold_in_main,
+                fold_in_main=variant.fold_in_main, weights_config=variant.weights,
             )  # fmt: skip
             return y
         if via_op:
@@ -350,7 +350,8 @@ class StepVariant:
     """A replay step launched otherwise than its tables say: ``config`` is the main launch's (GDN's single
     kernel's); ``launches=3``: a GDN decode step through verification's three launches, whose fold and
     weights launches take ``flush`` and ``weights``; ``fold_in_main`` (Mamba-2): full rings folded inside
-    the main launch (no flush launch). None: the table's choice."""
+    the main launch (no flush launch); ``weights`` (Mamba-2 too): the weights launch's warps. None: the
+    table's choice."""
 
     config: LaunchConfig | None
     launches: int | None = None
@@ -368,21 +369,24 @@ class StepVariant:
 
 # Replay T = 1 candidates, each explicit about the choices the tables make (so a table change does not
 # change what a candidate means). Mamba-2: its main launch (split 64: one tile per program at these
-# sizes), full rings folded in a flush launch or in the main launch; GDN: the three launches with
-# small-tile main shapes (one tile per 1-warp program), a fold launch of one tile per program, and the
-# weights launch on 1, 2 and 4 warps (with the main launch of _GDN_DECODE_MAIN, so each change is timed
-# alone). Left out to keep a GPU call short, having lost every sweep (docs/kernels.md): GDN's single
-# replay kernel and 32-row programs, Mamba-2's 2-warp programs, and the block / unrolled / dot forms of
-# run 9 (removed from the kernels).
+# sizes; smaller splits: a program loops over several of its head's tiles), full rings folded in a flush
+# launch or in the main launch; GDN: the three launches with small-tile main shapes, the fold launch in
+# its grid and work-list forms, and the weights launch on 1 and 4 warps (each with the main launch of
+# _GDN_DECODE_MAIN, so each change is timed alone). Left out to keep a GPU call short, having lost every
+# sweep (docs/kernels.md): GDN's single replay kernel, 32-row programs and several tiles per main
+# program, Mamba-2's 2-warp and 16-row programs, and the block / unrolled / dot forms of run 9 (removed
+# from the kernels).
+GDN_GRID_FOLD = LaunchConfig(16, 1, 4)
 SWEEP_REPLAY = {
     "mamba2": [
         StepVariant(LaunchConfig(8, 64, 1), fold_in_main=False),
-        StepVariant(LaunchConfig(8, 64, 1), fold_in_main=True), StepVariant(LaunchConfig(16, 64, 1), fold_in_main=True),
+        StepVariant(LaunchConfig(8, 64, 1), fold_in_main=True),
+        *(StepVariant(LaunchConfig(8, split, 1), fold_in_main=True) for split in (5, 4, 3, 2)),
     ],
     "gdn": [
-        StepVariant(LaunchConfig(8, 64, 1), 3), StepVariant(LaunchConfig(16, 64, 1), 3),
-        StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 64, 4)),
-        *(StepVariant(LaunchConfig(16, 64, 1), 3, weights=LaunchConfig(1, 1, warps)) for warps in (1, 2, 4)),
+        StepVariant(LaunchConfig(8, 64, 1), 3, flush=GDN_GRID_FOLD), StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD),
+        *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=n)) for n in (2, 3)),
+        *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD, weights=LaunchConfig(1, 1, warps)) for warps in (1, 4)),
     ],
 }
 
@@ -412,7 +416,7 @@ def _time_candidates(name, kind, candidates, check, steps, log) -> tuple[list[di
 # its floor): the table's 32-row 8-warp programs and the small-tile shapes that won for the replay kernels.
 SWEEP_CONVENTIONAL = {
     "mamba2": [],
-    "gdn": [LaunchConfig(32, 4, 8), LaunchConfig(16, 8, 1)],  # (three more shapes lost in runs 7-8)
+    "gdn": [LaunchConfig(32, 4, 8), LaunchConfig(16, 8, 1), LaunchConfig(32, 2, 8), LaunchConfig(32, 2, 4)],  # (three more shapes lost in runs 7-8)
 }
 
 

@@ -148,33 +148,39 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
 
     The main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel;
     Mamba-2 also in its token-block forms), the flush launch (``_MAMBA2_FLUSH``, shared with decoding, /
-    ``_GDN_FLUSH``; block >= 16, its fold is a ``tl.dot``) and GDN's weights launch (``_GDN_WEIGHTS``, warps only).
+    ``_GDN_FLUSH``; block >= 16, its fold is a ``tl.dot``) and the weights launch (``_MAMBA2_WEIGHTS`` /
+    ``_GDN_WEIGHTS``, warps only).
     """
     from replayssm.ops.triton import configs
     from replayssm.ops.triton.configs import LaunchConfig
 
     if isinstance(geometry, Mamba2Geometry):
         dim, key_dim = geometry.head_dim, geometry.state_size
-        main = ("_MAMBA2_VERIFY", [(8, 1), (16, 1)])  # 2-4 warps lost every earlier sweep (742-1000 vs 595 us)
-        # the main launch's token-block forms: the T outputs of a tile as one block, N at once or in chunks
-        # (_mamba2_main_kernel)
-        forms = [(form, block, 1) for form in ("tokens", "tokens_chunked") for block in (8, 16)]  # (2 warps: 597-795 us)
+        # The per-token form (8 / 16 rows: 593-603 us), 2-4 warps (742-1000) and "tokens" (531-559) lost every
+        # earlier sweep against "tokens_chunked" on 16 rows (516-518, 2026-11-29 and 12-01); it stays first.
+        main = ("_MAMBA2_VERIFY", [])
+        forms = [("tokens_chunked", 16, 1), ("tokens_chunked", 8, 1)]  # the T outputs of a tile as one block (_mamba2_main_kernel)
+        # several tiles per program (the prologue paid once for them): split below the number of tiles
+        looped = [LaunchConfig(16, split, 1, form="tokens_chunked") for split in (3, 2)]
     else:
         dim, key_dim = geometry.value_dim, geometry.key_dim
-        main = ("_GDN_VERIFY", [(8, 1), (16, 1), (16, 2)])  # larger tiles lost every earlier sweep (717-948 vs 537 us)
+        main = ("_GDN_VERIFY", [(8, 1), (16, 1)])  # larger tiles and 2 warps lost every earlier sweep (625-948 vs 455-537 us)
         forms = []  # (block forms lost in run 9 and were removed)
+        looped = [LaunchConfig(8, split, 1) for split in (8, 4)]
     tiles = lambda block: -(-dim // block)  # noqa: E731
     out = []
     name, shapes = main
     gdn = not isinstance(geometry, Mamba2Geometry)
     if hasattr(configs, name):
         candidates = [LaunchConfig(block, tiles(block), warps) for block, warps in shapes]
-        candidates += [LaunchConfig(block, tiles(block), warps, form=form) for form, block, warps in forms]
+        candidates += [LaunchConfig(block, tiles(block), warps, form=form) for form, block, warps in forms] + looped
         out.append((name, getattr(configs, name), (dim, key_dim), candidates))
     flush_table = "_GDN_FLUSH" if gdn else "_MAMBA2_FLUSH"
     if hasattr(configs, flush_table):
         flush = [LaunchConfig(16, 1, 4), LaunchConfig(16, tiles(16), 4)]  # (32-row and 2-warp shapes lost every earlier sweep)
         out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
+    if not gdn and hasattr(configs, "_MAMBA2_WEIGHTS"):
+        out.append(("_MAMBA2_WEIGHTS", configs._MAMBA2_WEIGHTS, (dim, key_dim), [LaunchConfig(1, 1, warps) for warps in (4, 1, 2)]))
     if gdn and hasattr(configs, "_GDN_WEIGHTS"):
         out.append(("_GDN_WEIGHTS", configs._GDN_WEIGHTS, (dim, key_dim), [LaunchConfig(1, 1, warps) for warps in (4, 1, 2, 8)]))
     return out

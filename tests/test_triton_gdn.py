@@ -236,26 +236,29 @@ VERIFY_VARIANTS = [
     pytest.param(LaunchConfig(16, 2, 4), LaunchConfig(16, 1, 4), LaunchConfig(1, 1, 1), id="block16-split2-loop-weights1w"),
     pytest.param(LaunchConfig(32, 1, 8), LaunchConfig(32, 2, 4), LaunchConfig(1, 1, 8), id="block32-split1-weights8w"),
     pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 3, 2), None, id="block8-split6"),
+    # the fold launch as a work list: 2 programs (on the CPU) loop over the folding (row, head, tile group) items
+    pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=1), None, id="block8-worklist-fold"),
+    pytest.param(LaunchConfig(16, 3, 1), LaunchConfig(32, 2, 4, form="worklist", programs_per_sm=1), None, id="block16-worklist-fold-split2"),
 ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("config, flush_config, weights_config", VERIFY_VARIANTS)
 def test_verify_launch_variants(config, flush_config, weights_config, device):
-    """Launch variants of the verification launches (tile height, tiles per program, warps), T = 2 and 3."""
+    """Launch variants of the three launches (tile height, tiles per program, warps, fold forms), T = 1, 2 and 3."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 32, 48, 4
     gen = _gen()
     rows = torch.tensor([1, 0], device=device)
     ours = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, device, gen)
     theirs = [t.clone() for t in ours]
-    for step in range(2 * window):
-        T = 2 + step % 2
+    for step in range(3 * window):
+        T = 1 + step % 3
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(
             q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config, flush_config=flush_config,
-            weights_config=weights_config,
+            weights_config=weights_config, decode_launches=3,
         )
         assert rel_err(o, o_ref) < 1e-5
         for a, b in zip(ours, theirs):

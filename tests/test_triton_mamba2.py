@@ -167,6 +167,32 @@ def test_replay_step_launch_variants(config, flush_config, device):
             assert rel_err(a, b) < 1e-5
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("warps", [1, 2])
+@pytest.mark.parametrize("fold_in_main", [False, True], ids=["fold-launch", "fold-in-main"])
+def test_weights_launch_warps(warps, fold_in_main, device):
+    """The weights launch on fewer warps than its default (its table's choice): T = 1 and T = 3 steps,
+    three heads per group, against the reference."""
+    batch, heads, head_dim, state_size, groups, window = 3, 6, 16, 32, 2, 4
+    gen = _gen()
+    rows = torch.tensor([2, 0, 1], device=device)
+    A, D, dt_bias = _params(heads, device, gen)
+    ours = _state(batch, heads, head_dim, state_size, groups, window, torch.float32, torch.float32, device, gen)
+    theirs = [t.clone() for t in ours]
+    for step in range(2 * window + 1):
+        T = 1 + 2 * (step % 2)
+        x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=T)
+        y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
+        y = torch.full_like(x, float("nan"))
+        kernels.mamba2_step_out(
+            x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, fold_in_main=fold_in_main and T == 1,
+            weights_config=LaunchConfig(1, 1, warps),
+        )  # fmt: skip
+        assert rel_err(y, y_ref) < 1e-5
+        for a, b in zip(ours, theirs):
+            assert rel_err(a, b) < 1e-5
+
+
 def main_launch_forms(*forms):
     """Parametrize ``fold_in_main, config``: the flush launch and the fold in the main launch with the
     tables' configs, then ``forms`` ((fold_in_main, main launch config, id) each)."""

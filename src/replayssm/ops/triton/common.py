@@ -7,6 +7,7 @@ kernel modules lazily, on the first call with CUDA tensors).
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import triton
@@ -42,6 +43,48 @@ def head_suffix_sums(b_log, o_l):
     """``out[j, i] = sum_{m > i} b_log[j, m]`` per head j (entries past a row's history are zero in
     ``b_log``): ``suffix_sums`` for a (heads, entries) block."""
     return tl.sum(tl.where(o_l[None, None, :] > o_l[None, :, None], b_log[:, None, :], 0.0), axis=2)
+
+
+@triton.jit
+def folding_rows(p_rows, p_cursor, batch, T, L, BLOCK_B: tl.constexpr):
+    """The rows of a launch whose ring cannot take ``T`` more entries (``cursor + T > L``): they fold.
+
+    Returns ``(o_b, b_fold, b_rank, n_fold)``: the row indices ``0 .. BLOCK_B - 1``, which of them fold,
+    each folding row's rank among the folding rows (in row order), and their count. One vector load of
+    the cursors; a work-list launch's programs each compute this (a few hundred integers) instead of a
+    pre-pass launch writing a list.
+    """
+    o_b = tl.arange(0, BLOCK_B)
+    m_b = o_b < batch
+    b_slot = tl.load(p_rows + o_b, mask=m_b, other=0).to(tl.int64)
+    b_cur = tl.load(p_cursor + b_slot, mask=m_b, other=0)
+    b_fold = m_b & (b_cur + T > L)
+    b_count = b_fold.to(tl.int32)
+    return o_b, b_fold, tl.cumsum(b_count, axis=0) - 1, tl.sum(b_count, axis=0)
+
+
+@triton.jit
+def nth_folding_row(o_b, b_fold, b_rank, n):
+    """The row index of the ``n``-th folding row (``folding_rows``' outputs; ``0 <= n < n_fold``)."""
+    return tl.sum(tl.where(b_fold & (b_rank == n), o_b, 0), axis=0)
+
+
+#: "worklist" fold launches: programs per multiprocessor when the launch table gives none.
+WORKLIST_PROGRAMS_PER_SM = 2
+
+
+def worklist_grid(device: torch.device, max_items: int, cfg) -> int:
+    """Programs of a work-list launch: a fixed count (so a CUDA graph keeps one shape), at most one per
+    possible item. On the CPU (interpreter) two "multiprocessors" are assumed: few programs, several
+    items each."""
+    per_sm = cfg.programs_per_sm or WORKLIST_PROGRAMS_PER_SM
+    sms = _multiprocessors(device.index) if device.type == "cuda" else 2
+    return max(1, min(max_items, per_sm * sms))
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
 
 
 def check_form(kernel: str, cfg, forms: tuple[str, ...] = ("",)) -> None:

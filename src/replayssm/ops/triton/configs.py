@@ -12,7 +12,7 @@ weights launch has a fixed shape. GDN: the replay kernel for T = 1
 (``gdn_replay_config``, block >= 16), the three-launch step's main launch
 (``gdn_main_config``: a T = 1 table for decoding through the three launches,
 ``gdn_decode_launches``, and a T > 1 one), its fold launch
-(``gdn_flush_config``, block >= 16), its weights launch
+(``gdn_flush_config``: a T = 1 table and a T > 1 one; block >= 16), its weights launch
 (``gdn_weights_config``: warps only), and the conventional one.
 
 The figures behind these choices are in docs/kernels.md (tuning log);
@@ -36,17 +36,29 @@ class LaunchConfig:
     # How the kernel forms its result, where a kernel has more than one way (e.g. per token or as one
     # block of tokens); "" is the kernel's default form. Each kernel documents the forms it knows.
     form: str = ""
+    # Work-list forms (the GDN fold launch's "worklist"): a fixed grid of this many programs per
+    # multiprocessor (0: the kernel's default), each looping over the work items found on the device.
+    programs_per_sm: int = 0
 
     def as_dict(self) -> dict:
         out = {"block": self.block, "split": self.split, "num_warps": self.num_warps, "num_stages": self.num_stages}
-        return {**out, "form": self.form} if self.form else out
+        if self.form:
+            out["form"] = self.form
+        if self.programs_per_sm:
+            out["programs_per_sm"] = self.programs_per_sm
+        return out
 
 
 # (dim, key_dim) -> config, fp32 state. Keys: head_dim x state_size (Mamba-2), value_dim x key_dim (GDN).
-# Replay T = 1 main launch: shaped like the conventional kernel (one small tile per small program).
+# Replay T = 1 main launch: 8-row tiles on 1-warp programs, each program looping over a few of its head's
+# tiles so that its prologue (row position, weights, C, decay) is paid once for them. decode_kernels --sweep,
+# 2026-12-01 09:3x, fold in the main launch, us per step (96x80 / 128x64 / 64x64): one tile per program
+# 319.9 / 343.4 / 176.3; splits 5, 4, 3, 2 of 10 tiles 299.2, 299.0, 299.6, 301.5; splits 5, 4, 3, 2 of 8
+# tiles 326.6 / 172.7, 317.8 / 169.8, 315.7 / 169.5, 315.8 / 172.0; one program per head 322.7 / 328.0 / 185.3;
+# 16-row tiles split 3 329.0 / 358.3 / 191.3, 2 warps 358.2 / 392.4 / 207.5.
 _MAMBA2_REPLAY = {
-    (80, 128): LaunchConfig(block=8, split=10, num_warps=1),
-    (64, 128): LaunchConfig(block=8, split=8, num_warps=1),
+    (80, 128): LaunchConfig(block=8, split=4, num_warps=1),
+    (64, 128): LaunchConfig(block=8, split=3, num_warps=1),
 }
 # Flush launch, T = 1 and T > 1 (only rows whose ring is full work; the fold is a tl.dot: block >= 16).
 # spec_kernels --sweep, 2026-11-29: one program per head beat one tile per program by 12-15%.
@@ -81,12 +93,14 @@ _GDN_DECODE_LAUNCHES: dict[tuple[int, int], int] = {
 # GDN decoding through the three launches (T = 1): their main launch. decode_kernels --sweep, 2026-11-29
 # 15:30, after the main launch forms all T corrected updates at once: 16-row tiles 203.6 / 367.7 us
 # against 210.4 / 381.6 for 8-row tiles (16/32 / 16/64 heads; 8 rows had won, 200.7 / 361.3, before).
+# 2026-12-01: programs looping over 2 / 4 tiles tied (200.8 / 201.6 against 200.6, 16/32).
 _GDN_DECODE_MAIN = {
     (128, 128): LaunchConfig(block=16, split=8, num_warps=1),
 }
 # GDN verification (T > 1) main launch: one 8-row tile per 1-warp program (spec_kernels --sweep,
 # 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps; 17:26: 460.3 us
-# against 516-884 for a "tokens" block form and 1514-1616 for a "dots" one, both removed; run 9).
+# against 516-884 for a "tokens" block form and 1514-1616 for a "dots" one, both removed; run 9;
+# 2026-12-01: 454.2 against 506.1 / 530.9 for programs looping over 4 / 2 tiles).
 _GDN_VERIFY = {
     (128, 128): LaunchConfig(block=8, split=16, num_warps=1),
 }
@@ -95,6 +109,30 @@ _GDN_VERIFY = {
 # tied in decoding (201.2 against 204.2 us) and lost in verification (472-495 against 462 us); removed.
 _GDN_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
+}
+# GDN decoding (T = 1): the fold launch as a work list ("worklist": a fixed grid of programs_per_sm programs
+# per multiprocessor, each finding the folding rows with one vector load of the cursors and looping over
+# their (row, value head, tile group) items; the grid form has a program per (value head, row), most of
+# which read a cursor and exit). decode_kernels --sweep, 2026-12-01, three runs, us per decode step
+# (16/32 / 16/64 heads): 2 programs per multiprocessor 193.9 / 362.0, 194.7 / 362.4 against 200.2 /
+# 361.2, 198.7 / 359.4 for the grid form; staggered rows +2.8% over in-phase against +5.5% (16/32).
+# 3 programs 197.0 / 356.0, pipelined loads (2 stages) 198.0 / 369.4, 32-row 8-warp programs 198.4 / 369.3.
+# In verification (T = 4) it ties or loses (458.3-465.6 against 454.8 us), so _GDN_FLUSH keeps the grid.
+# Headline 08:41: 193.0 / 366.3 us (grid form at 08:33: 202.0 / 359.7, same 16/64 fold-kernel time). A step
+# on which every row folds costs more with it (637 / 1232 against 508 / 974 us): the few programs then
+# work through every item.
+_GDN_DECODE_FLUSH = {
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=4, form="worklist", programs_per_sm=2),
+}
+# Mamba-2 weights launch, one program per (group, row): only num_warps is read. Decoding (T = 1) and
+# verification (T > 1). Shapes missing from the tables get 4 warps (the fixed choice before 2026-12-01).
+# Swept 2026-12-01: decoding 1 / 2 / 4 warps 322.0 / 319.6 / 319.8 us (96x80, one tile per main program; a
+# tie, the table stays empty), verification (T = 4) 515.0 / 520.8 / 518.5 (96x80) and 556.8 / 561.9 / 558.8
+# (128x64): 1 warp, within 1%.
+_MAMBA2_DECODE_WEIGHTS: dict[tuple[int, int], LaunchConfig] = {}
+_MAMBA2_WEIGHTS = {
+    (80, 128): LaunchConfig(block=1, split=1, num_warps=1),
+    (64, 128): LaunchConfig(block=1, split=1, num_warps=1),
 }
 # GDN weights launch, one program per (key head, row): only num_warps is read (block / split are unused,
 # 1 by convention). Decoding (T = 1) and verification (T > 1) tables. Swept 2026-11-29 17:25 (16/32 heads,
@@ -114,6 +152,8 @@ _GDN_WEIGHTS = {
 # flush launch: with a quarter of the rows folding per step the main launch's folding programs cost
 # more (spec_kernels --sweep, T = 4: 727 / 778 us against 602 / 651). The same variant for GDN lost in
 # every run (decode 206.9-228.8 against 200.7-210.4 us, verify 637 against 523) and was removed.
+# 2026-12-01: the folding rows in a main launch of their own (a work list, on a second stream or not) lost
+# too (decode 327.9-382.9 against 321, verify 575-583 against 517; branch fold-worklist-experiments).
 _MAMBA2_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {
     (80, 128): True,
     (64, 128): True,
@@ -159,8 +199,10 @@ def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConf
     return _pick(table, value_dim, key_dim, loop=False)
 
 
-def gdn_flush_config(value_dim: int, key_dim: int) -> LaunchConfig:
-    return _pick(_GDN_FLUSH, value_dim, key_dim, loop=True)
+def gdn_flush_config(value_dim: int, key_dim: int, num_tokens: int = 2) -> LaunchConfig:
+    """The three-launch step's fold launch: ``_GDN_DECODE_FLUSH`` for T = 1, ``_GDN_FLUSH`` for T > 1."""
+    table = _GDN_DECODE_FLUSH if num_tokens == 1 else _GDN_FLUSH
+    return _pick(table, value_dim, key_dim, loop=True)
 
 
 def gdn_weights_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
@@ -168,6 +210,13 @@ def gdn_weights_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchC
     ``_GDN_WEIGHTS`` for T > 1; 4 warps for shapes missing from the table."""
     table = _GDN_DECODE_WEIGHTS if num_tokens == 1 else _GDN_WEIGHTS
     return table.get((value_dim, key_dim)) or LaunchConfig(block=1, split=1, num_warps=4)
+
+
+def mamba2_weights_config(head_dim: int, state_size: int, num_tokens: int) -> LaunchConfig:
+    """The Mamba-2 weights launch (``num_warps`` only): ``_MAMBA2_DECODE_WEIGHTS`` for T = 1,
+    ``_MAMBA2_WEIGHTS`` for T > 1; 4 warps for shapes missing from the table."""
+    table = _MAMBA2_DECODE_WEIGHTS if num_tokens == 1 else _MAMBA2_WEIGHTS
+    return table.get((head_dim, state_size)) or LaunchConfig(block=1, split=1, num_warps=4)
 
 
 def gdn_conventional_config(value_dim: int, key_dim: int) -> LaunchConfig:

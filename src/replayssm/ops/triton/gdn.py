@@ -49,7 +49,19 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import check_form, device_context, fold_store_tile, fold_tile, head_suffix_sums, next_pow2, suffix_sums, uses_float64
+from .common import (
+    check_form,
+    device_context,
+    fold_store_tile,
+    fold_tile,
+    folding_rows,
+    head_suffix_sums,
+    next_pow2,
+    nth_folding_row,
+    suffix_sums,
+    uses_float64,
+    worklist_grid,
+)
 from .configs import (
     LaunchConfig,
     gdn_conventional_config,
@@ -186,15 +198,49 @@ def _gdn_flush_kernel(
     s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_rg_s, s_rg_l, s_rg_h,
-    V, K, L, value_per_key,
-    T: tl.constexpr,
+    V, K, L, value_per_key, batch, heads,
+    T: tl.constexpr, WORKLIST: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
-    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 1: rows whose ring cannot take the T new entries (``cursor + T > L``) fold it,
     ``S <- exp(sum g) S + sum_i exp(suffix_i) d_i k_i^T`` in fp32 (one rank-L ``tl.dot`` per tile),
-    stored in the checkpoint dtype; every other program exits. The only checkpoint write."""
-    i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    stored in the checkpoint dtype. The only checkpoint write.
+
+    Grid form: one program per (tile group, value head, row); a program of a row that does not fold
+    reads its cursor and exits. ``WORKLIST`` form (``LaunchConfig.form == "worklist"``): a fixed grid of
+    a few programs per multiprocessor looping over the (folding row, value head, tile group) items.
+    """
+    if WORKLIST:
+        o_b, b_fold, b_rank, n_fold = folding_rows(p_rows, p_cursor, batch, T, L, BLOCK_B)
+        items, first, stride = n_fold * heads * SPLIT, tl.program_id(0), tl.num_programs(0)
+    else:
+        items, first, stride = 1, 0, 1
+    for item in range(first, items, stride):
+        if WORKLIST:
+            i_b = nth_folding_row(o_b, b_fold, b_rank, item // (heads * SPLIT))
+            i_h, i_s = (item // SPLIT) % heads, item % SPLIT
+        else:
+            i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        _gdn_fold_head(
+            p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
+            s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
+            s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
+            V, K, L, value_per_key, i_s, i_h, i_b,
+            T, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
+        )  # fmt: skip
+
+
+@triton.jit
+def _gdn_fold_head(
+    p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
+    s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
+    s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
+    V, K, L, value_per_key, i_s, i_h, i_b,
+    T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """One fold-launch work item: tile group ``i_s`` of value head ``i_h`` of row ``i_b``, if the row folds."""
     slot = tl.load(p_rows + i_b).to(tl.int64)
     cur = tl.load(p_cursor + slot)
     if cur + T > L:
@@ -596,18 +642,22 @@ def _gdn_three_launches(
         **dict(zip(("s_qk_b", "s_qk_h", "s_qk_i", "s_qk_t"), qk.stride()[:4])),
     )  # fmt: skip
     # Every launch's configuration is checked before the first launch: a bad one must not leave a half-done step.
-    fcfg = flush_config or gdn_flush_config(value_dim, key_dim)
+    fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens)
     wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
     cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
-    for kernel, launch in (("_gdn_flush_kernel", fcfg), ("_gdn_weights_kernel", wcfg), ("_gdn_main_kernel", cfg)):
+    check_form("_gdn_flush_kernel", fcfg, ("", "worklist"))
+    for kernel, launch in (("_gdn_weights_kernel", wcfg), ("_gdn_main_kernel", cfg)):
         check_form(kernel, launch)
+    num_tiles, split = _tiles(value_dim, fcfg)
+    worklist = fcfg.form == "worklist"
+    flush_grid = (worklist_grid(v.device, batch * value_heads * split, fcfg),) if worklist else (split, value_heads, batch)
     with device_context(v):
-        num_tiles, split = _tiles(value_dim, fcfg)
-        _gdn_flush_kernel[(split, value_heads, batch)](
+        _gdn_flush_kernel[flush_grid](
             p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
             **ck_strides, **rk_strides, **rd_strides, **rg_strides,
-            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens,
-            BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=num_tiles, SPLIT=split,
+            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads,
+            T=num_tokens, WORKLIST=worklist,
+            BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=num_tiles, SPLIT=split, BLOCK_B=next_pow2(batch),
             num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
         )  # fmt: skip
         _gdn_weights_kernel[(key_heads, batch)](

@@ -49,6 +49,7 @@ from .configs import (
     mamba2_fold_in_main,
     mamba2_replay_config,
     mamba2_verify_config,
+    mamba2_weights_config,
 )
 
 
@@ -536,11 +537,12 @@ def mamba2_step_out(
     x, dt, A, B, C, D, dt_bias, z,
     checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending,
     rows, commit: bool, dt_softplus: bool, y: Tensor, config: LaunchConfig | None = None,
-    flush_config: LaunchConfig | None = None, fold_in_main: bool | None = None,
+    flush_config: LaunchConfig | None = None, fold_in_main: bool | None = None, weights_config: LaunchConfig | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``y``; see ``replayssm.ops.mamba2_step``.
 
-    Three launches for any T: ``_mamba2_flush_kernel`` (``flush_config``), ``_mamba2_weights_kernel``,
+    Three launches for any T: ``_mamba2_flush_kernel`` (``flush_config``), ``_mamba2_weights_kernel``
+    (``weights_config``: only its ``num_warps`` counts; default from ``mamba2_weights_config``),
     ``_mamba2_main_kernel`` (``config``; default from the replay table for T = 1, the verify table
     for T > 1). ``fold_in_main`` (default from ``mamba2_fold_in_main``): no flush launch; the main
     launch folds full rings tile by tile. ``config.form`` picks the main launch's form (see
@@ -576,7 +578,9 @@ def mamba2_step_out(
     if config is None:
         config = mamba2_replay_config(head_dim, state_size) if num_tokens == 1 else mamba2_verify_config(head_dim, state_size)
     main_form = _main_form(config, num_tokens, block_t, block_n)
+    wcfg = weights_config or mamba2_weights_config(head_dim, state_size, num_tokens)
     check_form("_mamba2_flush_kernel", fcfg)
+    check_form("_mamba2_weights_kernel", wcfg)
     num_tiles, split = _tiles(head_dim, fcfg)
     with device_context(x):
         if not fold_in_main:
@@ -609,7 +613,7 @@ def mamba2_step_out(
             **fold_strides,
             N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, FOLD_IN_MAIN=fold_in_main, **flags,
             BLOCK_J=next_pow2(heads_per_group), BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t,
-            num_warps=4,
+            num_warps=wcfg.num_warps,
         )  # fmt: skip
         num_tiles, split = _tiles(head_dim, config)
         _mamba2_main_kernel[(split, heads, batch)](
