@@ -153,7 +153,7 @@ _GDN_WEIGHTS = {
 # more (spec_kernels --sweep, T = 4: 727 / 778 us against 602 / 651). The same variant for GDN lost in
 # every run (decode 206.9-228.8 against 200.7-210.4 us, verify 637 against 523) and was removed.
 # 2026-12-01: the folding rows in a main launch of their own (a work list, on a second stream or not) lost
-# too (decode 327.9-382.9 against 321, verify 575-583 against 517; branch fold-worklist-experiments).
+# too (decode 327.9-382.9 against 321, verify 575-583 against 517; docs/kernels.md run 10, not merged).
 _MAMBA2_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {
     (80, 128): True,
     (64, 128): True,
