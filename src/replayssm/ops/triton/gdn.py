@@ -17,7 +17,9 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
 1. ``_gdn_flush_kernel`` over (tile group, value head, row): rows whose ring
    cannot take T more entries fold it into the checkpoint (fp32, stored in
    the checkpoint dtype); every other program exits after reading its
-   cursor. The only checkpoint write.
+   cursor. The only checkpoint write. Its "worklist" form (the decoding
+   table's) has a fixed grid of a few programs per multiprocessor looping
+   over the folding rows' items instead.
 2. ``_gdn_weights_kernel`` over (key head, row): the key-side products, once
    per key head for its value heads, into a scratch of per-token weights
    (ring, causal of o, checkpoint decay) and the T x T matrix
