@@ -159,21 +159,22 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         # The per-token form (8 / 16 rows: 593-603 us), 2-4 warps (742-1000) and "tokens" (531-559) lost every
         # earlier sweep against "tokens_chunked" on 16 rows (516-518, 2026-11-29 and 12-01); it stays first.
         main = ("_MAMBA2_VERIFY", [])
-        forms = [("tokens_chunked", 16, 1), ("tokens_chunked", 8, 1)]  # the T outputs of a tile as one block (_mamba2_main_kernel)
-        # several tiles per program (the prologue paid once for them): split below the number of tiles
-        looped = [LaunchConfig(16, split, 1, form="tokens_chunked") for split in (3, 2)]
+        # The T outputs of a tile as one block (_mamba2_main_kernel). Programs looping over several tiles lost
+        # (2026-12-01, split 3 / 2: 742.4 / 687.0 us against 517.3).
+        forms = [("tokens_chunked", 16, 1), ("tokens_chunked", 8, 1)]
     else:
         dim, key_dim = geometry.value_dim, geometry.key_dim
-        main = ("_GDN_VERIFY", [(8, 1), (16, 1)])  # larger tiles and 2 warps lost every earlier sweep (625-948 vs 455-537 us)
+        # Larger tiles and 2 warps lost every earlier sweep (625-948 against 455-537 us), programs looping over
+        # several tiles too (2026-12-01, split 8 / 4: 530.9 / 506.1 against 454.2).
+        main = ("_GDN_VERIFY", [(8, 1), (16, 1)])
         forms = []  # (block forms lost in run 9 and were removed)
-        looped = [LaunchConfig(8, split, 1) for split in (8, 4)]
     tiles = lambda block: -(-dim // block)  # noqa: E731
     out = []
     name, shapes = main
     gdn = not isinstance(geometry, Mamba2Geometry)
     if hasattr(configs, name):
         candidates = [LaunchConfig(block, tiles(block), warps) for block, warps in shapes]
-        candidates += [LaunchConfig(block, tiles(block), warps, form=form) for form, block, warps in forms] + looped
+        candidates += [LaunchConfig(block, tiles(block), warps, form=form) for form, block, warps in forms]
         out.append((name, getattr(configs, name), (dim, key_dim), candidates))
     flush_table = "_GDN_FLUSH" if gdn else "_MAMBA2_FLUSH"
     if hasattr(configs, flush_table):

@@ -52,8 +52,8 @@ class LaunchConfig:
 # (dim, key_dim) -> config, fp32 state. Keys: head_dim x state_size (Mamba-2), value_dim x key_dim (GDN).
 # Replay T = 1 main launch: 8-row tiles on 1-warp programs, each program looping over a few of its head's
 # tiles so that its prologue (row position, weights, C, decay) is paid once for them. decode_kernels --sweep,
-# 2026-12-01 09:3x, fold in the main launch, us per step (96x80 / 128x64 / 64x64): one tile per program
-# 319.9 / 343.4 / 176.3; splits 5, 4, 3, 2 of 10 tiles 299.2, 299.0, 299.6, 301.5; splits 5, 4, 3, 2 of 8
+# 2026-12-01 08:29, fold in the main launch, us per step (96x80 / 128x64 / 64x64): one tile per program
+# 320.6 / 343.4 / 176.3; splits 5, 4, 3, 2 of 10 tiles 299.2, 299.0, 299.6, 301.5; splits 5, 4, 3, 2 of 8
 # tiles 326.6 / 172.7, 317.8 / 169.8, 315.7 / 169.5, 315.8 / 172.0; one program per head 322.7 / 328.0 / 185.3;
 # 16-row tiles split 3 329.0 / 358.3 / 191.3, 2 warps 358.2 / 392.4 / 207.5.
 _MAMBA2_REPLAY = {
@@ -205,18 +205,21 @@ def gdn_flush_config(value_dim: int, key_dim: int, num_tokens: int = 2) -> Launc
     return _pick(table, value_dim, key_dim, loop=True)
 
 
+def _weights_config(decode_table: dict, verify_table: dict, dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
+    """A weights launch's config (``num_warps`` only): the decoding table for T = 1, the verification
+    one for T > 1; 4 warps for shapes missing from the table."""
+    table = decode_table if num_tokens == 1 else verify_table
+    return table.get((dim, key_dim)) or LaunchConfig(block=1, split=1, num_warps=4)
+
+
 def gdn_weights_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
-    """The three-launch step's weights launch (``num_warps`` only): ``_GDN_DECODE_WEIGHTS`` for T = 1,
-    ``_GDN_WEIGHTS`` for T > 1; 4 warps for shapes missing from the table."""
-    table = _GDN_DECODE_WEIGHTS if num_tokens == 1 else _GDN_WEIGHTS
-    return table.get((value_dim, key_dim)) or LaunchConfig(block=1, split=1, num_warps=4)
+    """The three-launch step's weights launch: ``_GDN_DECODE_WEIGHTS`` (T = 1) / ``_GDN_WEIGHTS`` (T > 1)."""
+    return _weights_config(_GDN_DECODE_WEIGHTS, _GDN_WEIGHTS, value_dim, key_dim, num_tokens)
 
 
 def mamba2_weights_config(head_dim: int, state_size: int, num_tokens: int) -> LaunchConfig:
-    """The Mamba-2 weights launch (``num_warps`` only): ``_MAMBA2_DECODE_WEIGHTS`` for T = 1,
-    ``_MAMBA2_WEIGHTS`` for T > 1; 4 warps for shapes missing from the table."""
-    table = _MAMBA2_DECODE_WEIGHTS if num_tokens == 1 else _MAMBA2_WEIGHTS
-    return table.get((head_dim, state_size)) or LaunchConfig(block=1, split=1, num_warps=4)
+    """The Mamba-2 weights launch: ``_MAMBA2_DECODE_WEIGHTS`` (T = 1) / ``_MAMBA2_WEIGHTS`` (T > 1)."""
+    return _weights_config(_MAMBA2_DECODE_WEIGHTS, _MAMBA2_WEIGHTS, head_dim, state_size, num_tokens)
 
 
 def gdn_conventional_config(value_dim: int, key_dim: int) -> LaunchConfig:
