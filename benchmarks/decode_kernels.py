@@ -33,12 +33,12 @@ interpreter (no GPU; CI runs it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
 import platform
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -178,7 +178,7 @@ class Case:
             y = torch.empty_like(x)
             mamba2_kernels.mamba2_step_out(
                 x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True, y=y, config=variant.config,
-                fold_in_main=variant.fold_in_main, weights_config=variant.weights,
+                fold_in_main=variant.fold_in_main, weights_config=variant.weights, overlap=variant.overlap,
             )  # fmt: skip
             return y
         if via_op:
@@ -186,7 +186,7 @@ class Case:
         o = torch.empty_like(inp[2])
         gdn_kernels.gdn_step_out(
             *inp, *tensors, self.rows, commit, True, None, o=o, config=variant.config, decode_launches=variant.launches,
-            flush_config=variant.flush, weights_config=variant.weights,
+            flush_config=variant.flush, weights_config=variant.weights, overlap=variant.overlap,
         )  # fmt: skip
         return o
 
@@ -320,6 +320,13 @@ def measure_point(
     if failure := check_failure(row["check_rel_err"]):
         raise RuntimeError(f"{name}: the replay step {failure}")
     row["replay_us"] = time_graph_per_step(replay(), repeats)
+    if full:
+        # The same step with every launch a plain one (no programmatic dependent launch), checked and timed alongside.
+        plain = dataclasses.replace(config if isinstance(config, StepVariant) else StepVariant(config), overlap=False)
+        if failure := check_failure(case.check_replay(plain)):
+            raise RuntimeError(f"{name}: the replay step without overlapping launches {failure}")
+        row["replay_no_overlap_us"] = time_graph_per_step(case.replay_steps(plain, via_op=False), repeats)
+        row["overlap_gain"] = row["replay_no_overlap_us"] / row["replay_us"] - 1
     if breakdown:
         row["replay_kernels_us"] = kernel_times_per_step(replay())
     if full:
@@ -345,22 +352,26 @@ def measure_point(
     return row
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class StepVariant:
     """A replay step launched otherwise than its tables say: ``config`` is the main launch's (GDN's single
     kernel's); ``launches=3``: a GDN decode step through verification's three launches, whose fold and
     weights launches take ``flush`` and ``weights``; ``fold_in_main`` (Mamba-2): full rings folded inside
-    the main launch (no flush launch); ``weights`` (Mamba-2 too): the weights launch's warps. None: the
-    table's choice."""
+    the main launch (no flush launch); ``weights`` (Mamba-2 too): the weights launch's warps; ``overlap``:
+    the later launches with programmatic dependent launch (``configs.replay_overlap``). None: the table's
+    choice."""
 
     config: LaunchConfig | None
     launches: int | None = None
     fold_in_main: bool | None = None
     flush: LaunchConfig | None = None
     weights: LaunchConfig | None = None
+    overlap: bool | None = None
 
     def as_dict(self) -> dict:
         out = {**(self.config.as_dict() if self.config else {}), "launches": self.launches, "fold_in_main": self.fold_in_main}
+        if self.overlap is not None:
+            out["overlap"] = self.overlap
         for name, cfg in (("flush", self.flush), ("weights", self.weights)):
             if cfg is not None:
                 out[name] = cfg.as_dict()
@@ -377,16 +388,21 @@ class StepVariant:
 # program, Mamba-2's 2-warp and 16-row programs, and the block / unrolled / dot forms of run 9 (removed
 # from the kernels).
 GDN_GRID_FOLD = LaunchConfig(16, 1, 4)
+GDN_WORKLIST_FOLD = LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=2)
 SWEEP_REPLAY = {
+    # (split 64 folding in a flush launch and in the main launch, splits 5 and 2: 320-334 / 299-302 us on
+    # 2026-12-01, behind splits 3-4)
+    # (num_stages 2: a tie on 2026-12-01; main programs reading their first tile before waiting for the
+    # weights launch: 3-5% slower, removed)
     "mamba2": [
-        StepVariant(LaunchConfig(8, 64, 1), fold_in_main=False),
-        StepVariant(LaunchConfig(8, 64, 1), fold_in_main=True),
-        *(StepVariant(LaunchConfig(8, split, 1), fold_in_main=True) for split in (5, 4, 3, 2)),
+        *(StepVariant(LaunchConfig(8, split, 1), fold_in_main=True, overlap=overlap) for split in (4, 3) for overlap in (False, True)),
     ],
+    # (grid-form folds, 8-row main tiles and 4-warp weights launches: behind the work-list fold on 2026-12-01)
+    # (main programs reading their tile before the wait: 2-3% slower, removed; 2 or 4 main programs per head,
+    # looping: 0.3-1% behind one tile per program)
     "gdn": [
-        StepVariant(LaunchConfig(8, 64, 1), 3, flush=GDN_GRID_FOLD), StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD),
-        *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=n)) for n in (2, 3)),
-        *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD, weights=LaunchConfig(1, 1, warps)) for warps in (1, 4)),
+        *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD, overlap=overlap) for overlap in (False, True)),
+        StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD, overlap=True),
     ],
 }
 
@@ -512,6 +528,7 @@ HEADLINE_COLUMNS = [
     ("geometry", "geometry", ""),
     ("replay_us", "replay us (staggered)", ".1f"),
     ("replay_inphase_us", "replay us (in-phase)", ".1f"),
+    ("replay_no_overlap_us", "replay us, no PDL", ".1f"),
     ("stagger_vs_inphase", "stag/in-phase - 1", "+.1%"),
     ("nonflush_us", "non-flush us", ".1f"),
     ("flush_us", "flush us", ".1f"),

@@ -224,8 +224,11 @@ def sweep_verify(geometries: dict, repeats: int, log) -> dict:
     return chosen
 
 
-def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False):
+def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False, compare_overlap=False):
+    """One verify + commit point. ``compare_overlap``: the same replay steps also with every launch a plain
+    one (``configs._OVERLAP_LAUNCHES`` off: no programmatic dependent launch), checked and timed alongside."""
     from _common import kernel_times_per_step, time_graph_per_step
+    from replayssm.ops.triton import configs
 
     case = SpecCase(geometry, batch, T, accept)
     case.base.set_phase("staggered")
@@ -236,6 +239,15 @@ def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False):
     replay_us = time_graph_per_step(case.replay_steps(), repeats)
     snapshot_us = time_graph_per_step(case.snapshot_steps(), repeats)
     kernels = kernel_times_per_step(case.replay_steps()) if breakdown else None
+    no_overlap_us = None
+    if compare_overlap:
+        previous, configs._OVERLAP_LAUNCHES = configs._OVERLAP_LAUNCHES, False
+        try:
+            if failure := check_failure(case.check()):
+                raise RuntimeError(f"{name}: the verify step without overlapping launches {failure}")
+            no_overlap_us = time_graph_per_step(case.replay_steps(), repeats)
+        finally:
+            configs._OVERLAP_LAUNCHES = previous
     per = bytes_per_row(geometry, T, WINDOW)
     # The captured sequence starts from the cursors left by the warm-up pass and the replays; the schedule
     # of the first pass from the staggered start is representative of the steady state.
@@ -252,6 +264,8 @@ def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False):
         "replay_memory_states": per["replay_memory"] / per["state"], "snapshot_memory_states": per["snapshot_memory"] / per["state"],
         "check_rel_err": check,
     }  # fmt: skip
+    if no_overlap_us is not None:
+        row["replay_no_overlap_us"], row["overlap_gain"] = no_overlap_us, no_overlap_us / replay_us - 1
     if kernels is not None:
         row["replay_kernels_us"] = kernels  # per verify step, by kernel: where the replay step's time goes
     row["replay_pct_floor"] = 100 * row["replay_floor_us"] / replay_us
@@ -267,6 +281,7 @@ COLUMNS = [
     ("T", "T", "d"),
     ("accept", "accepted", ""),
     ("replay_us", "replay us/step", ".1f"),
+    ("replay_no_overlap_us", "replay us, no PDL", ".1f"),
     ("snapshot_us", "snapshot us/step", ".1f"),
     ("speedup", "snap/replay", ".2f"),
     ("replay_us_per_token", "replay us/acc tok", ".1f"),
@@ -313,7 +328,7 @@ def main() -> None:
     chosen = sweep_verify(geometries, args.repeats, log) if args.sweep else None
     for name, geometry in geometries.items():
         for accept in args.accept:
-            row = measure(name, geometry, HEADLINE_BATCH, HEADLINE_T, accept, bw, args.repeats, breakdown=args.breakdown)
+            row = measure(name, geometry, HEADLINE_BATCH, HEADLINE_T, accept, bw, args.repeats, breakdown=args.breakdown, compare_overlap=True)
             headline.append(row)
             log(f"headline {json.dumps(row)}")
     if not args.headline_only:

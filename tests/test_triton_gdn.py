@@ -243,9 +243,14 @@ VERIFY_VARIANTS = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "plain"])
 @pytest.mark.parametrize("config, flush_config, weights_config", VERIFY_VARIANTS)
-def test_verify_launch_variants(config, flush_config, weights_config, device):
-    """Launch variants of the three launches (tile height, tiles per program, warps, fold forms), T = 1, 2 and 3."""
+def test_verify_launch_variants(config, flush_config, weights_config, overlap, device):
+    """Launch variants of the three launches (tile height, tiles per program, warps, fold forms), T = 1, 2 and 3;
+    ``overlap``: launches 2 and 3 with programmatic dependent launch where the GPU has it ("plain": all
+    plain launches)."""
+    if not overlap and device == "cpu":
+        pytest.skip("the interpreter has no programmatic dependent launch: the same launches as with overlap")
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 32, 48, 4
     gen = _gen()
     rows = torch.tensor([1, 0], device=device)
@@ -258,7 +263,7 @@ def test_verify_launch_variants(config, flush_config, weights_config, device):
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(
             q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config, flush_config=flush_config,
-            weights_config=weights_config, decode_launches=3,
+            weights_config=weights_config, decode_launches=3, overlap=overlap,
         )
         assert rel_err(o, o_ref) < 1e-5
         for a, b in zip(ours, theirs):

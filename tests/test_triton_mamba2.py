@@ -72,15 +72,17 @@ def _gen():
     return torch.Generator().manual_seed(1234)
 
 
-# Where full rings are folded: in the flush launch before the others, or inside the main launch.
-FOLD = pytest.mark.parametrize("fold_in_main", [False, True], ids=["fold-launch", "fold-in-main"])
-
-
 @pytest.mark.parametrize("device", DEVICES)
-@FOLD
+@pytest.mark.parametrize(
+    "fold_in_main, overlap", [(False, True), (True, True), (True, False)], ids=["fold-launch", "fold-in-main", "fold-in-main-plain"]
+)
 @pytest.mark.parametrize("dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt", CASES)
-def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt, fold_in_main, device):
-    """>= 3 window cycles, rows at different ring positions, outputs poisoned before each kernel call."""
+def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt, fold_in_main, overlap, device):
+    """>= 3 window cycles, rows at different ring positions, outputs poisoned before each kernel call.
+    ``overlap``: the later launches with programmatic dependent launch where the GPU has it ("plain": all
+    plain launches)."""
+    if not overlap and device == "cpu":
+        pytest.skip("the interpreter has no programmatic dependent launch: the same launches as with overlap")
     batch, heads, head_dim, state_size, groups, window = dims
     gen = _gen()
     slots = batch + 2
@@ -94,7 +96,7 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol
         flushes += int((ours[5][rows] == window).sum())
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, fold_in_main=fold_in_main)
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, fold_in_main=fold_in_main, overlap=overlap)
         assert rel_err(y, y_ref) < tol_out
         assert rel_err(ours[0], theirs[0]) < tol_ckpt
         for name, a, b in zip(("ring_x", "ring_B", "ring_dt", "ring_logdecay"), ours[1:5], theirs[1:5]):

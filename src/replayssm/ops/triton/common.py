@@ -7,7 +7,9 @@ kernel modules lazily, on the first call with CUDA tensors).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import os
 
 import torch
 import triton
@@ -85,6 +87,61 @@ def worklist_grid(device: torch.device, max_items: int, cfg) -> int:
 @functools.lru_cache(maxsize=None)
 def _multiprocessors(index: int | None) -> int:
     return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
+
+
+# -- overlapping a step's launches (programmatic dependent launch, sm_90+) ----------------------------
+#
+# A step of several launches (fold, weights, main) is a chain: each launch reads what the one before it
+# wrote. With programmatic dependent launch the next launch's programs may start while the previous
+# launch is still running, and block in ``wait_for_previous_launch`` until it has finished and its
+# writes are visible. What a program does before that wait must not touch anything the previous
+# launch (or its own launch, through other programs) writes: each kernel's docstring says what it
+# does there. The first launch of a step is always a plain launch, since its inputs come from
+# whatever ran before the op.
+
+
+def overlap_launches(device: torch.device, requested: bool) -> bool:
+    """Whether a step's later launches are made with ``launch_pdl`` (and their kernels wait in-kernel):
+    ``requested``, on a CUDA device of compute capability 9.0 or newer, with a Triton that knows the
+    option, not under the interpreter, and not turned off with ``REPLAYSSM_PDL=0``."""
+    if not requested or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    if os.environ.get("REPLAYSSM_PDL", "1") == "0":
+        return False
+    return _capability(device.index)[0] >= 9 and _triton_knows_pdl()
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_knows_pdl() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in {f.name for f in dataclasses.fields(CUDAOptions)} and hasattr(tl.extra.cuda, "gdc_wait")
+
+
+def pdl_launch_options(overlap: bool) -> dict:
+    """Launch keywords of a launch that may start before the previous one ends (empty otherwise)."""
+    return {"launch_pdl": True} if overlap else {}
+
+
+@triton.jit
+def wait_for_previous_launch(USE_PDL: tl.constexpr):
+    """Block until the previous launch has finished and its writes are visible (a no-op without PDL)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def allow_next_launch(USE_PDL: tl.constexpr):
+    """Let the next launch's programs start once every program of this one has got here (or ended)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 def check_form(kernel: str, cfg, forms: tuple[str, ...] = ("",)) -> None:

@@ -163,6 +163,15 @@ _GDN_CONVENTIONAL = {
 }
 
 
+# Whether a replay step of several launches (fold, weights, main) makes its later launches with programmatic
+# dependent launch (sm_90+): their programs start while the launch before is still running and wait
+# in-kernel for it (common.overlap_launches; each kernel's docstring says what it does before the wait).
+# decode_kernels --sweep, 2026-12-01 11:51, us per step, plain / overlapping: GDN 16/32 195.3 / 190.6, 16/64
+# 362.5 / 356.7; Mamba-2 298.8 / 299.2, 317.0 / 316.7, 169.8 / 169.5 (a tie); verification (T = 4) 0.4-1.2%
+# faster. Main programs reading their first checkpoint tile before the wait lost (3-9% slower; removed).
+_OVERLAP_LAUNCHES = True
+
+
 def _default(dim: int, key_dim: int, loop: bool) -> LaunchConfig:
     block = 16 if key_dim >= 64 else 32
     tiles = -(-dim // block)
@@ -220,6 +229,11 @@ def gdn_weights_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchC
 def mamba2_weights_config(head_dim: int, state_size: int, num_tokens: int) -> LaunchConfig:
     """The Mamba-2 weights launch: ``_MAMBA2_DECODE_WEIGHTS`` (T = 1) / ``_MAMBA2_WEIGHTS`` (T > 1)."""
     return _weights_config(_MAMBA2_DECODE_WEIGHTS, _MAMBA2_WEIGHTS, head_dim, state_size, num_tokens)
+
+
+def replay_overlap() -> bool:
+    """Whether replay steps overlap their launches (``_OVERLAP_LAUNCHES``), where the GPU can."""
+    return _OVERLAP_LAUNCHES
 
 
 def gdn_conventional_config(value_dim: int, key_dim: int) -> LaunchConfig:

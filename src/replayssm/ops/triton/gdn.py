@@ -39,8 +39,11 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
 
 Launches are ordered, which is the only synchronisation between them: each
 ring position and the cursor change only in a launch after every reader of
-them. Nothing is read on the host; the only allocations are the output and
-the scratch, so a step can be captured in a CUDA graph.
+them. On sm_90+ launches 2 and 3 overlap the one before (programmatic
+dependent launch, ``configs.replay_overlap``): their programs wait in-kernel
+for it before touching anything it writes. Nothing is read on the host; the
+only allocations are the output and the scratch, so a step can be captured
+in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from torch import Tensor
 
 from .. import reference
 from .common import (
+    allow_next_launch,
     check_form,
     device_context,
     fold_store_tile,
@@ -60,8 +64,11 @@ from .common import (
     head_suffix_sums,
     next_pow2,
     nth_folding_row,
+    overlap_launches,
+    pdl_launch_options,
     suffix_sums,
     uses_float64,
+    wait_for_previous_launch,
     worklist_grid,
 )
 from .configs import (
@@ -72,6 +79,7 @@ from .configs import (
     gdn_main_config,
     gdn_replay_config,
     gdn_weights_config,
+    replay_overlap,
 )
 
 
@@ -201,7 +209,7 @@ def _gdn_flush_kernel(
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, WORKLIST: tl.constexpr,
+    T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
@@ -212,7 +220,11 @@ def _gdn_flush_kernel(
     Grid form: one program per (tile group, value head, row); a program of a row that does not fold
     reads its cursor and exits. ``WORKLIST`` form (``LaunchConfig.form == "worklist"``): a fixed grid of
     a few programs per multiprocessor looping over the (folding row, value head, tile group) items.
+
+    ``USE_PDL``: the step's first launch (a plain one); it lets the weights launch start at once, since
+    that launch waits before the only thing it does that this one could see (its append).
     """
+    allow_next_launch(USE_PDL)
     if WORKLIST:
         o_b, b_fold, b_rank, n_fold = folding_rows(p_rows, p_cursor, batch, T, L, BLOCK_B)
         items, first, stride = n_fold * heads * SPLIT, tl.program_id(0), tl.num_programs(0)
@@ -281,7 +293,7 @@ def _gdn_weights_kernel(
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     K, L, value_per_key, scale,
-    T: tl.constexpr, L2NORM: tl.constexpr,
+    T: tl.constexpr, L2NORM: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 2, one program per (key head, row): the main launch's weights, and the append.
@@ -300,7 +312,13 @@ def _gdn_weights_kernel(
     once per key head; the normalised k_t and scaled q_t go to ``qk[b, kh, 0 | 1, t]`` for launch 3.
     Then k_t and g_t are appended at ring position c + t and ``pos[b]`` gets c; launch 3 moves the
     cursor.
+
+    ``USE_PDL`` (launched with ``launch_pdl``): this launch may start while launch 1 still folds. It reads
+    nothing launch 1 writes (the checkpoint) and writes only scratch before it waits; the append, which
+    overwrites ring entries a folding row's fold reads, comes after the wait. It lets launch 3 start at
+    once: launch 3 waits for this launch, which ends only after launch 1 has.
     """
+    allow_next_launch(USE_PDL)
     i_kh, i_b = tl.program_id(0), tl.program_id(1)
     i_kh64, i_b64 = i_kh.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
@@ -362,7 +380,9 @@ def _gdn_weights_kernel(
         tl.store(p_w_t[:, None] + 2 * L + o_t[None, :], b_N_t, mask=m_jt)
         tl.store(p_w_t[:, None] + (2 * L + T) + o_t[None, :], b_wq_new, mask=m_jt)
         tl.store(p_w_t + (2 * L + 2 * T), tl.exp(b_ring_total + b_cum_t), mask=m_j)
-    # Append: the T keys (this key head) and log-decays (its value heads) at ring positions c .. c + T - 1.
+    # Append: the T keys (this key head) and log-decays (its value heads) at ring positions c .. c + T - 1,
+    # once launch 1 (which reads a folding row's old entries) has finished.
+    wait_for_previous_launch(USE_PDL)
     tl.store(
         p_ring_k + slot * s_rk_s + (c_eff + o_t[:, None]) * s_rk_l + i_kh64 * s_rk_h + o_k[None, :] * s_rk_k,
         b_K.to(p_ring_k.dtype.element_ty), mask=m_tk,
@@ -383,7 +403,7 @@ def _gdn_main_kernel(
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key,
-    T: tl.constexpr, COMMIT: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -397,11 +417,17 @@ def _gdn_main_kernel(
     the checkpoint. The earlier token-by-token form (d_t to the ring, a barrier, re-read for the next
     token) made the launch latency-bound: 421 us at T = 4 against 144 us at T = 1 (H200, batch 256).
     One program per row moves the cursor: nothing here reads it.
+
+    ``USE_PDL`` (launched with ``launch_pdl``): this launch may start while launch 2 (and launch 1 before
+    it) still run; its programs wait for launch 2 before reading anything but their row's slot.
+    (Reading the first checkpoint tile before the wait, and again after it for a row that launch 1
+    folded, was slower: docs/kernels.md run 11.)
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_kh = i_h // value_per_key
     i_h64, i_kh64, i_b64 = i_h.to(tl.int64), i_kh.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
+    wait_for_previous_launch(USE_PDL)
     c_eff = tl.load(p_pos + i_b)
     if (i_s == 0) & (i_h == 0):
         if COMMIT:
@@ -571,6 +597,7 @@ def gdn_step_out(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
     flush_config: LaunchConfig | None = None, decode_launches: int | None = None, weights_config: LaunchConfig | None = None,
+    overlap: bool | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
@@ -579,7 +606,8 @@ def gdn_step_out(
     of verification. T > 1 (verification) runs ``_gdn_flush_kernel`` (``flush_config``, default from
     ``gdn_flush_config``), ``_gdn_weights_kernel`` (``weights_config``: only its ``num_warps`` counts;
     default from ``gdn_weights_config``) and ``_gdn_main_kernel`` (``config``, default from
-    ``gdn_main_config``).
+    ``gdn_main_config``). ``overlap`` (default ``replay_overlap()``): the weights and main launches
+    with programmatic dependent launch where the GPU has it (``common.overlap_launches``).
     """
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -590,7 +618,7 @@ def gdn_step_out(
     if num_tokens > 1 or decode_launches == 3:
         _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config,
-            weights_config,
+            weights_config, replay_overlap() if overlap is None else overlap,
         )  # fmt: skip
         return
     window = ring_k.shape[1]
@@ -623,7 +651,7 @@ def gdn_step_out(
 
 def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
-    rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config,
+    rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config, overlap: bool,
 ) -> None:  # fmt: skip
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -653,12 +681,14 @@ def _gdn_three_launches(
     num_tiles, split = _tiles(value_dim, fcfg)
     worklist = fcfg.form == "worklist"
     flush_grid = (worklist_grid(v.device, batch * value_heads * split, fcfg),) if worklist else (split, value_heads, batch)
+    use_pdl = overlap_launches(v.device, overlap)
+    later = pdl_launch_options(use_pdl)  # launches 2 and 3; launch 1 is a plain launch (its inputs come from before the op)
     with device_context(v):
         _gdn_flush_kernel[flush_grid](
             p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
             **ck_strides, **rk_strides, **rd_strides, **rg_strides,
             V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads,
-            T=num_tokens, WORKLIST=worklist,
+            T=num_tokens, WORKLIST=worklist, USE_PDL=use_pdl,
             BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=num_tiles, SPLIT=split, BLOCK_B=next_pow2(batch),
             num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
         )  # fmt: skip
@@ -671,9 +701,9 @@ def _gdn_three_launches(
             **dict(zip(("s_beta_b", "s_beta_t", "s_beta_h"), beta.stride())),
             **rk_strides, **rg_strides, **scratch_strides,
             K=key_dim, L=window, value_per_key=value_per_key, scale=_scale(scale, key_dim),
-            T=num_tokens, L2NORM=use_qk_l2norm,
+            T=num_tokens, L2NORM=use_qk_l2norm, USE_PDL=use_pdl,
             BLOCK_J=next_pow2(value_per_key), BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t,
-            num_warps=wcfg.num_warps,
+            num_warps=wcfg.num_warps, **later,
         )  # fmt: skip
         num_tiles, split = _tiles(value_dim, cfg)
         _gdn_main_kernel[(split, value_heads, batch)](
@@ -683,8 +713,9 @@ def _gdn_three_launches(
             **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
             **ck_strides, **rd_strides, **scratch_strides,
             V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit,
+            USE_PDL=use_pdl,
             BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later,
         )  # fmt: skip
 
 

@@ -28,6 +28,9 @@ tile is read once.
 
 Launches are ordered, which is the only synchronisation needed: each ring
 position and the cursor change only in a launch after every reader of them.
+On sm_90+ the launches after the first overlap the one before (programmatic
+dependent launch, ``configs.replay_overlap``): their programs wait in-kernel
+for it before touching anything it writes.
 Everything is read on the device (no host synchronisation); the only
 allocations are the output and the scratch, so a step can be captured in a
 CUDA graph.
@@ -41,7 +44,21 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import reference
-from .common import check_form, device_context, fold_tile, head_suffix_sums, next_pow2, sigmoid, softplus, suffix_sums, uses_float64
+from .common import (
+    allow_next_launch,
+    check_form,
+    device_context,
+    fold_tile,
+    head_suffix_sums,
+    next_pow2,
+    overlap_launches,
+    pdl_launch_options,
+    sigmoid,
+    softplus,
+    suffix_sums,
+    uses_float64,
+    wait_for_previous_launch,
+)
 from .configs import (
     LaunchConfig,
     mamba2_conventional_config,
@@ -50,6 +67,7 @@ from .configs import (
     mamba2_replay_config,
     mamba2_verify_config,
     mamba2_weights_config,
+    replay_overlap,
 )
 
 
@@ -101,7 +119,7 @@ def _mamba2_flush_kernel(
     s_rdt_s, s_rdt_l, s_rdt_h,
     s_rld_s, s_rld_l, s_rld_h,
     P, N, L, heads_per_group,
-    T: tl.constexpr,
+    T: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
@@ -112,7 +130,11 @@ def _mamba2_flush_kernel(
     folding rows also get their output here, ``y = exp(l_t) S C_t + (dt_t B_t.C_t + D) x_t`` from the
     stored (rounded) tile (after a fold the ring is empty, so no other term enters), and the main
     launch skips them; for T > 1 the main launch computes every row's outputs from the stored tile.
+
+    ``USE_PDL``: the step's first launch (a plain one); it lets the weights launch start at once (that
+    launch waits before its append, the only thing it does that this one could see).
     """
+    allow_next_launch(USE_PDL)
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(p_rows + i_b).to(tl.int64)
     cur = tl.load(p_cursor + slot)
@@ -181,7 +203,7 @@ def _mamba2_weights_kernel(
     s_fw_b, s_fw_h,
     s_fB_b, s_fB_g, s_fB_l,
     N, L, heads_per_group,
-    T: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
+    T: tl.constexpr, FOLD_IN_MAIN: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
@@ -200,7 +222,14 @@ def _mamba2_weights_kernel(
     fold weights ``exp(G_i) dt_i`` (per head, entries < cursor) and the fold decay into ``fold_w[b, h]``
     and its ring B entries copied to ``fold_B[b, g]`` before the append overwrites them; ``pos[b]``
     gets ``-1 - cursor`` (the main launch folds that many entries into each tile, then uses c = 0).
+
+    ``USE_PDL``: after launch 1 this launch is made with ``launch_pdl`` and may start while launch 1
+    still folds: it reads nothing launch 1 writes and writes only scratch before it waits; the append,
+    which overwrites entries a folding row's fold reads, comes after the wait. (The step's first launch
+    with ``FOLD_IN_MAIN``: the wait is then a no-op.) It lets launch 3 start at once; launch 3 waits for
+    this launch, which ends only after launch 1 has.
     """
+    allow_next_launch(USE_PDL)
     i_g, i_b = tl.program_id(0), tl.program_id(1)
     i_g64, i_b64 = i_g.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
@@ -274,7 +303,9 @@ def _mamba2_weights_kernel(
         tl.store(p_w_t[:, None] + o_l[None, :], b_w_ring, mask=m_j[:, None] & (o_l[None, :] < L))
         tl.store(p_w_t + L, b_decay_t, mask=m_j)
         tl.store(p_w_t[:, None] + (L + 1) + o_t[None, :], b_w_new, mask=m_jt)
-    # Append: token t's B (per group), dt and dt*A (per head) at ring position c + t.
+    # Append: token t's B (per group), dt and dt*A (per head) at ring position c + t, once launch 1
+    # (which reads a folding row's old entries) has finished.
+    wait_for_previous_launch(USE_PDL)
     for t in tl.static_range(T):
         pos_t = c_eff + t
         b_B_raw = tl.load(p_B_row + t * s_B_t + o_n * s_B_n, mask=m_n, other=0.0)
@@ -306,7 +337,7 @@ def _mamba2_main_kernel(
     s_fB_b, s_fB_g, s_fB_l,
     P, N, L, heads_per_group,
     T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
-    TOKEN_BLOCK: tl.constexpr, N_CHUNK: tl.constexpr,
+    TOKEN_BLOCK: tl.constexpr, N_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -335,11 +366,16 @@ def _mamba2_main_kernel(
       (fewer registers; sm_90 compiles show some chunks' loads issued after the C chunks' layout
       conversions, whose barriers may serialise them). The table's form for verification since
       docs/kernels.md run 9 (16-row tiles: 13-14% faster verify steps than per token).
+
+    ``USE_PDL`` (launched with ``launch_pdl``): this launch may start while launch 2 (and launch 1
+    before it) still run; its programs wait for launch 2 before reading anything but their row's slot.
+    (Reading the first checkpoint tile before the wait was slower: docs/kernels.md run 11.)
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_g = i_h // heads_per_group
     i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
+    wait_for_previous_launch(USE_PDL)
     pos = tl.load(p_pos + i_b)
     if FOLD_IN_MAIN:
         live = True
@@ -538,6 +574,7 @@ def mamba2_step_out(
     checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending,
     rows, commit: bool, dt_softplus: bool, y: Tensor, config: LaunchConfig | None = None,
     flush_config: LaunchConfig | None = None, fold_in_main: bool | None = None, weights_config: LaunchConfig | None = None,
+    overlap: bool | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``y``; see ``replayssm.ops.mamba2_step``.
 
@@ -546,7 +583,8 @@ def mamba2_step_out(
     ``_mamba2_main_kernel`` (``config``; default from the replay table for T = 1, the verify table
     for T > 1). ``fold_in_main`` (default from ``mamba2_fold_in_main``): no flush launch; the main
     launch folds full rings tile by tile. ``config.form`` picks the main launch's form (see
-    ``_mamba2_main_kernel``).
+    ``_mamba2_main_kernel``). ``overlap`` (default ``replay_overlap()``): the launches after the first
+    with programmatic dependent launch where the GPU has it (``common.overlap_launches``).
     """
     batch, num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[2], B.shape[3]
@@ -582,6 +620,8 @@ def mamba2_step_out(
     check_form("_mamba2_flush_kernel", fcfg)
     check_form("_mamba2_weights_kernel", wcfg)
     num_tiles, split = _tiles(head_dim, fcfg)
+    use_pdl = overlap_launches(x.device, replay_overlap() if overlap is None else overlap)
+    later = pdl_launch_options(use_pdl)  # the launches after the step's first (a plain one: its inputs come from before the op)
     with device_context(x):
         if not fold_in_main:
             _mamba2_flush_kernel[(split, heads, batch)](
@@ -597,7 +637,8 @@ def mamba2_step_out(
                 **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
                 **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
                 **ring_strides,
-                P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, HAS_Z=z is not None, **flags,
+                P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, USE_PDL=use_pdl,
+                HAS_Z=z is not None, **flags,
                 BLOCK_P=fcfg.block, BLOCK_N=block_n, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
                 num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
             )  # fmt: skip
@@ -611,9 +652,9 @@ def mamba2_step_out(
             **ring_strides,
             **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
             **fold_strides,
-            N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, FOLD_IN_MAIN=fold_in_main, **flags,
-            BLOCK_J=next_pow2(heads_per_group), BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t,
-            num_warps=wcfg.num_warps,
+            N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, FOLD_IN_MAIN=fold_in_main, USE_PDL=use_pdl,
+            **flags, BLOCK_J=next_pow2(heads_per_group), BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t,
+            num_warps=wcfg.num_warps, **({} if fold_in_main else later),
         )  # fmt: skip
         num_tiles, split = _tiles(head_dim, config)
         _mamba2_main_kernel[(split, heads, batch)](
@@ -629,8 +670,9 @@ def mamba2_step_out(
             **fold_strides,
             P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group,
             T=num_tokens, COMMIT=commit, HAS_Z=z is not None, FOLD_IN_MAIN=fold_in_main,
-            **main_form, BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            **main_form, USE_PDL=use_pdl,
+            BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
+            num_warps=config.num_warps, num_stages=config.num_stages, **later,
         )  # fmt: skip
 
 
