@@ -403,6 +403,9 @@ SWEEP_REPLAY = {
     "gdn": [
         *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD, overlap=overlap) for overlap in (False, True)),
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD, overlap=True),
+        # Not yet timed: work-list items of half a head (4 of its 8 fold tiles; more items in flight for the
+        # latency-bound fold, each re-reading the 8 KiB key block) on 3 / 4 programs per multiprocessor.
+        *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=n), overlap=True) for n in (3, 4)),
     ],
 }
 
