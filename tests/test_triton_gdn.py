@@ -7,11 +7,10 @@ CUDA-graph capture and the registered op.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
+from _triton_devices import DEVICES, DEVICES_OVERLAP
 from naive import NaiveGDN, rel_err
 
 from replayssm.ops import reference as ref
@@ -19,11 +18,6 @@ from replayssm.ops.triton.configs import LaunchConfig
 
 kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICES = [
-    pytest.param("cpu", marks=[pytest.mark.interpreter, pytest.mark.skipif(not INTERPRETED, reason="CPU kernels need TRITON_INTERPRET=1")]),
-    pytest.param("cuda", marks=pytest.mark.cuda),
-]
 
 # (batch, key_heads, value_heads, key_dim, value_dim, window), input dtype, checkpoint dtype, l2norm,
 # tolerance (relative RMS) for outputs, and for the checkpoint vs the reference.
@@ -242,15 +236,12 @@ VERIFY_VARIANTS = [
 ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "plain"])
+@pytest.mark.parametrize("device, overlap", DEVICES_OVERLAP)
 @pytest.mark.parametrize("config, flush_config, weights_config", VERIFY_VARIANTS)
 def test_verify_launch_variants(config, flush_config, weights_config, overlap, device):
     """Launch variants of the three launches (tile height, tiles per program, warps, fold forms), T = 1, 2 and 3;
     ``overlap``: launches 2 and 3 with programmatic dependent launch where the GPU has it ("plain": all
     plain launches)."""
-    if not overlap and device == "cpu":
-        pytest.skip("the interpreter has no programmatic dependent launch: the same launches as with overlap")
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 32, 48, 4
     gen = _gen()
     rows = torch.tensor([1, 0], device=device)

@@ -7,10 +7,9 @@ CUDA-graph capture and the registered op.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from _triton_devices import DEVICES, DEVICES_OVERLAP
 from naive import NaiveMamba2, rel_err
 
 from replayssm.ops import reference as ref
@@ -18,11 +17,6 @@ from replayssm.ops.triton.configs import LaunchConfig
 
 kernels = pytest.importorskip("replayssm.ops.triton.mamba2", reason="needs Triton")
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICES = [
-    pytest.param("cpu", marks=[pytest.mark.interpreter, pytest.mark.skipif(not INTERPRETED, reason="CPU kernels need TRITON_INTERPRET=1")]),
-    pytest.param("cuda", marks=pytest.mark.cuda),
-]
 
 # (batch, heads, head_dim, state_size, groups, window), input dtype, checkpoint dtype,
 # tolerance (relative RMS) for outputs, and for the checkpoint vs the reference.
@@ -72,17 +66,13 @@ def _gen():
     return torch.Generator().manual_seed(1234)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "fold_in_main, overlap", [(False, True), (True, True), (True, False)], ids=["fold-launch", "fold-in-main", "fold-in-main-plain"]
-)
+@pytest.mark.parametrize("device, overlap", DEVICES_OVERLAP)
+@pytest.mark.parametrize("fold_in_main", [False, True], ids=["fold-launch", "fold-in-main"])
 @pytest.mark.parametrize("dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt", CASES)
 def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt, fold_in_main, overlap, device):
     """>= 3 window cycles, rows at different ring positions, outputs poisoned before each kernel call.
     ``overlap``: the later launches with programmatic dependent launch where the GPU has it ("plain": all
     plain launches)."""
-    if not overlap and device == "cpu":
-        pytest.skip("the interpreter has no programmatic dependent launch: the same launches as with overlap")
     batch, heads, head_dim, state_size, groups, window = dims
     gen = _gen()
     slots = batch + 2
