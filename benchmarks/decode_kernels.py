@@ -388,7 +388,8 @@ class StepVariant:
 # program, Mamba-2's 2-warp and 16-row programs, and the block / unrolled / dot forms of run 9 (removed
 # from the kernels).
 GDN_GRID_FOLD = LaunchConfig(16, 1, 4)
-GDN_WORKLIST_FOLD = LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=2)
+GDN_WORKLIST_FOLD = LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=3)  # the table's (half-head items)
+GDN_WORKLIST_FOLD_WHOLE_HEADS = LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=2)  # the table's until 2026-12-01
 SWEEP_REPLAY = {
     # (split 64 folding in a flush launch and in the main launch, splits 5 and 2: 320-334 / 299-302 us on
     # 2026-12-01, behind splits 3-4)
@@ -401,11 +402,10 @@ SWEEP_REPLAY = {
     # (main programs reading their tile before the wait: 2-3% slower, removed; 2 or 4 main programs per head,
     # looping: 0.3-1% behind one tile per program)
     "gdn": [
+        # (half-head work-list items on 4 programs per multiprocessor: 193.0 / 368.0 us on 2026-12-01, behind 3)
         *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD, overlap=overlap) for overlap in (False, True)),
+        StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD_WHOLE_HEADS, overlap=True),
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD, overlap=True),
-        # Not yet timed: work-list items of half a head (4 of its 8 fold tiles; more items in flight for the
-        # latency-bound fold, each re-reading the 8 KiB key block) on 3 / 4 programs per multiprocessor.
-        *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=n), overlap=True) for n in (3, 4)),
     ],
 }
 
@@ -437,7 +437,7 @@ SWEEP_CONVENTIONAL = {
     "mamba2": [],
     # (three more shapes lost in runs 7-8; two programs per head on 8 / 4 warps on 2026-12-01: 283.4 / 280.4 us
     # against 266.8 for the table's, 16/32 heads)
-    "gdn": [LaunchConfig(32, 4, 8), LaunchConfig(16, 8, 1)],
+    "gdn": [LaunchConfig(32, 4, 8), LaunchConfig(8, 16, 1), LaunchConfig(16, 8, 1), LaunchConfig(16, 8, 2), LaunchConfig(32, 4, 4)],
 }
 
 

@@ -244,20 +244,21 @@ def time_decode(
                 if cuda and repeat:
                     decode_peak = max(decode_peak or 0, torch.cuda.max_memory_allocated(device))
             held = cache_bytes(cache)
-            share = kernel_ms = None
+            share = kernel_ms = top = None
             if profile_steps:  # after the timing, from a fresh prefill: the profiler never runs during a timed step
                 cache = prefill()
                 kernels = profiled_kernels(lambda: decode(cache, profile_steps))
                 share = state_op_share(kernels)
                 if kernels:
                     kernel_ms = sum(duration for _, duration in kernels) / 1000 / profile_steps
+                    top = top_kernels(kernels, profile_steps)
             if cuda:
                 run_peak = max(run_peak, torch.cuda.max_memory_allocated(device))
         finally:
             if compile_kwargs is not None:
                 replayssm.ops.set_value_checks(previous_checks)
     return {
-        "seconds_per_step": statistics.median(times[1:]) / steps, "share": share, "kernel_ms": kernel_ms,
+        "seconds_per_step": statistics.median(times[1:]) / steps, "share": share, "kernel_ms": kernel_ms, "top": top,
         "run_peak": run_peak if cuda else None, "decode_peak": decode_peak, **held,
     }  # fmt: skip
 
@@ -292,6 +293,15 @@ def state_op_share(kernels: list[tuple[str, float]]) -> float | None:
     if not total:
         return None
     return sum(duration for name, duration in kernels if STATE_OP_KERNEL.search(name)) / total
+
+
+def top_kernels(kernels: list[tuple[str, float]], steps: int, count: int = 12) -> list[tuple[str, float]]:
+    """The ``count`` kernel names with the most time, as (name, microseconds per step), most first: where a
+    captured step's time goes (names cut to 120 characters; inductor's fused kernels are named by their ops)."""
+    totals: dict[str, float] = {}
+    for name, duration in kernels:
+        totals[name[:120]] = totals.get(name[:120], 0.0) + duration
+    return [(name, total / steps) for name, total in sorted(totals.items(), key=lambda item: -item[1])[:count]]
 
 
 def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: torch.device, lookup: int | None) -> tuple[float, torch.Tensor]:
@@ -377,6 +387,7 @@ def measure_mode(
         "decode_peak_memory_gib": gib(timed["decode_peak"]),
         "state_op_share": timed["share"],
         "kernel_ms_per_step": timed["kernel_ms"],
+        "top_kernels": timed["top"],
         "weights_gib": gib(sum(p.numel() * p.element_size() for p in model.parameters())),
         "kv_cache_gib": gib(timed["kv_bytes"]),
         "ssm_state_gib": gib(timed["state_bytes"]),
@@ -386,7 +397,7 @@ def measure_mode(
 #: the per-mode figures of a row, as measure_mode returns them
 FIGURES = (
     "tokens_per_s", "ms_per_step", "peak_memory_gib", "decode_peak_memory_gib", "state_op_share", "kernel_ms_per_step",
-    "weights_gib", "kv_cache_gib", "ssm_state_gib",
+    "weights_gib", "kv_cache_gib", "ssm_state_gib", "top_kernels",
 )  # fmt: skip
 #: the figures of a mode that raised
 FAILED = dict(zip(FIGURES, (float("nan"), float("nan")) + (None,) * (len(FIGURES) - 2)))
@@ -569,6 +580,8 @@ def main(argv: list[str] | None = None) -> None:
                         torch.cuda.empty_cache()
                 else:
                     print(f"{name} batch {batch} {mode}: {format_mode(figures)}, {row['wall_seconds'][mode]:.1f} s", flush=True)
+                    for kernel, us in figures["top_kernels"] or ():
+                        print(f"    {us:9.1f} us/step  {kernel}", flush=True)
                 save()
         replayssm.unpatch(model)
         if not args.no_assisted:

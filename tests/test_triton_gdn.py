@@ -321,6 +321,8 @@ def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, device):
     [
         pytest.param((3, 2, 4, 48, 80, 3), torch.float32, torch.float32, 1e-5, 1e-5, id="B3-HK2-HV4-K48-V80-T3-x_fp32-st_fp32"),
         pytest.param((2, 1, 2, 32, 16, 1), torch.bfloat16, torch.bfloat16, 1e-2, 1e-2, id="B2-HK1-HV2-K32-V16-T1-x_bf16-st_bf16"),
+        # sizes that are multiples of the tile (32 x 32 by default here): the kernel's unmasked loads and stores
+        pytest.param((2, 1, 2, 32, 64, 2), torch.float32, torch.float32, 1e-5, 1e-5, id="B2-HK1-HV2-K32-V64-T2-unmasked"),
     ],
 )
 def test_conventional_step_matches_reference(dims, act_dtype, state_dtype, tol_out, tol_state, device):

@@ -5,8 +5,12 @@ Patching is per instance: each recognised mixer gets an instance attribute
 the model gets ``_replayssm`` (the patch context) and ``_is_stateful =
 False`` (an instance attribute shadowing the class flag that makes
 ``generate`` refuse assisted decoding; the replay cache layer can roll back).
-No class and no module global of transformers is changed, no parameter or
-buffer is added, so ``state_dict``/``save_pretrained`` are unaffected.
+Configs set to transformers' ``"sdpa"`` attention switch to replayssm's
+(``attention.py``: grouped-query heads packed for decode-length queries
+instead of copying the KV cache per head), registered with transformers'
+attention and mask registries under a new name. No class of transformers
+and no existing registry entry is changed, no parameter or buffer is added,
+so ``state_dict``/``save_pretrained`` are unaffected.
 Every patch also sets ``get_compiled_call`` on the model (the compiled
 decode step of a static-cache ``generate``, with a fallback to eager
 decoding), and ``patch(model, compile=True)`` sets ``generate`` (a wrapper
@@ -22,7 +26,7 @@ from __future__ import annotations
 from torch import nn
 
 from ...config import ReplayConfig
-from . import compiled
+from . import attention, compiled
 from .registry import SUPPORTED_MODEL_TYPES, handler_for, mixer_like
 
 class PatchContext:
@@ -40,6 +44,8 @@ class PatchContext:
         #: inside a verification forward of captured assisted decoding (verify.py), and how many ran compiled
         self.verifying = False
         self.captured_verifications = 0
+        #: the configs whose attention patch switched from "sdpa" to attention.ATTENTION (unpatch switches them back)
+        self.attention_configs: list = []
         #: instance attributes of the model set by patch (beyond _replayssm/_is_stateful) and what they shadowed
         self.model_attributes: dict[str, tuple[bool, object]] = {}
         self.model_name = type(model).__name__
@@ -158,6 +164,10 @@ def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "
         context.adapters[layer_idx] = handler.build(module, config, context)
 
     # All checked and built: apply.
+    context.attention_configs = attention.sdpa_configs(model)
+    if context.attention_configs:
+        attention.register()
+        attention.switch(context.attention_configs, attention.ATTENTION)
     for adapter in context.adapters.values():
         adapter.mixer.forward = adapter.forward
         adapter.mixer._replayssm = adapter
@@ -183,6 +193,7 @@ def unpatch(model: nn.Module) -> nn.Module:
             del mixer.forward
         mixer.__dict__.pop("_replayssm", None)
     del model._replayssm
+    attention.switch([c for c in context.attention_configs if c._attn_implementation_internal == attention.ATTENTION], "sdpa")
     for name, (had, saved) in context.model_attributes.items():
         if had:
             setattr(model, name, saved)

@@ -120,9 +120,11 @@ _GDN_FLUSH = {
 # In verification (T = 4) it ties or loses (458.3-465.6 against 454.8 us), so _GDN_FLUSH keeps the grid.
 # Headline 08:41: 193.0 / 366.3 us (grid form at 08:33: 202.0 / 359.7, same 16/64 fold-kernel time). A step
 # on which every row folds costs more with it (637 / 1232 against 508 / 974 us): the few programs then
-# work through every item.
+# work through every item. 2026-12-01 14:1x (with overlapping launches): items of half a head (split 2: 4 of
+# its 8 fold tiles each, twice the items in flight) on 3 programs per multiprocessor 186.9 / 352.2 against
+# 189.9 / 356.7 for whole heads on 2 (4 programs: 193.0 / 368.0; grid form 192.8 / 354.8).
 _GDN_DECODE_FLUSH = {
-    (128, 128): LaunchConfig(block=16, split=1, num_warps=4, form="worklist", programs_per_sm=2),
+    (128, 128): LaunchConfig(block=16, split=2, num_warps=4, form="worklist", programs_per_sm=3),
 }
 # Mamba-2 weights launch, one program per (group, row): only num_warps is read. Decoding (T = 1) and
 # verification (T > 1). Shapes missing from the tables get 4 warps (the fixed choice before 2026-12-01).
@@ -158,8 +160,15 @@ _MAMBA2_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {
     (80, 128): True,
     (64, 128): True,
 }
+# GDN conventional kernel: decoding (one token) and the snapshot baseline of speculative decoding (T tokens,
+# each state written to its own slot). 2026-12-01, benchmarks/experiments/gdn_conventional_forms.py (16/32 heads,
+# after the kernel's sizes became compile-time constants and its loads lost their masks): decoding, 8-row
+# 1-warp tiles 263.1-264.3 us (98-99% of the floor) against 273.0-273.4 for 32-row 8-warp ones (265.7 before
+# the change; 270.3 for 8 rows then); 8 rows, 2 tiles per program 265.3-265.5, 16 rows on 2 warps 268.3-269.5,
+# 32 rows on 4 warps 272.4-273.2; fla 258.7-259.5. Snapshot baseline, T = 4: 8 rows 683.1 us (96.5% of its
+# floor) against 857.5 (76.9%) for the 32-row 8-warp table entry before, 831-865 for 16 / 32 rows on 2-4 warps.
 _GDN_CONVENTIONAL = {
-    (128, 128): LaunchConfig(block=32, split=4, num_warps=8),
+    (128, 128): LaunchConfig(block=8, split=16, num_warps=1),
 }
 
 
