@@ -34,7 +34,7 @@ sweeps)  # the batch / window / T sweeps with the launch tables as they are
     step spec-sweeps 300 python3 benchmarks/spec_kernels.py --out "$out/spec-sweeps" --repeats 5
     ;;
 hf)
-    step hf-tests 330 python3 -m pytest -q tests/test_hf_cuda.py  # seven tests, about 5 min (inductor compiles)
+    step hf-tests 360 python3 -m pytest -q tests/test_hf_cuda.py tests/test_hf_conv.py -m cuda  # about 5-6 min (inductor compiles)
     step generate-qwen 240 python3 benchmarks/generate.py --out "$out/generate-qwen" --models qwen3_5-like --captured --steps 32 --repeats 3
     step generate-nemotron 230 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --captured --steps 32 --repeats 3
     ;;
