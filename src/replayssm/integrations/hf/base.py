@@ -151,11 +151,11 @@ class MixerAdapter:
         weight, bias = mixer.conv1d.weight, mixer.conv1d.bias
         if num_tokens == 1:
             # A decode step's one column is each channel's window dotted with its taps, activated in fp32
-            # (fp64 models: fp64) and rounded once. The depthwise F.conv1d ran a generic kernel at about 50 us per layer at
-            # batch 256 on the H200 (a captured Qwen3.5-like step, 2026-12-01) for 16 MB. Eager and captured
-            # steps must round alike: in fp64 the products of 16-bit values and their sum are exact, and no
-            # rounding to 16 bits sits between the sum and the activation, where inductor, fusing the two,
-            # would skip it (it keeps fused intermediates in fp32) while eager kernels do not.
+            # (fp64 models: fp64) and rounded once. The depthwise F.conv1d ran a generic kernel at about
+            # 50 us per layer at batch 256 on the H200 (a captured Qwen3.5-like step, 2026-12-01) for 16 MB.
+            # Eager and captured steps must round alike: in fp64 the products of 16-bit values and their sum
+            # are exact, and no rounding to 16 bits sits between the sum and the activation, where inductor,
+            # fusing the two, would skip it (it keeps fused intermediates in fp32) while eager kernels do not.
             out = (full[..., -self.conv_kernel :].double() * weight[:, 0, :].double()).sum(-1, keepdim=True)
             if bias is not None:
                 out = out + bias.double()[:, None]

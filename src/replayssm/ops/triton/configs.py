@@ -120,7 +120,7 @@ _GDN_FLUSH = {
 # In verification (T = 4) it ties or loses (458.3-465.6 against 454.8 us), so _GDN_FLUSH keeps the grid.
 # Headline 08:41: 193.0 / 366.3 us (grid form at 08:33: 202.0 / 359.7, same 16/64 fold-kernel time). A step
 # on which every row folds costs more with it (637 / 1232 against 508 / 974 us): the few programs then
-# work through every item. 2026-12-01 14:1x (with overlapping launches): items of half a head (split 2: 4 of
+# work through every item. 2026-12-01 14:13 (with overlapping launches): items of half a head (split 2: 4 of
 # its 8 fold tiles each, twice the items in flight) on 3 programs per multiprocessor 186.9 / 352.2 against
 # 189.9 / 356.7 for whole heads on 2 (4 programs: 193.0 / 368.0; grid form 192.8 / 354.8).
 _GDN_DECODE_FLUSH = {
