@@ -73,17 +73,13 @@ def register() -> None:
 
 def sdpa_configs(model: torch.nn.Module) -> list:
     """The distinct configs of ``model`` and its submodules that are set to transformers' ``"sdpa"``."""
-    seen, out = set(), []
+    found: dict[int, object] = {}
     for module in model.modules():
         config = getattr(module, "config", None)
-        if config is None or id(config) in seen or not hasattr(config, "_attn_implementation_internal"):
-            continue
-        seen.add(id(config))
-        sub_configs = [config] + [getattr(config, key, None) for key in getattr(config, "sub_configs", {})]
-        for c in sub_configs:
-            if c is not None and getattr(c, "_attn_implementation_internal", None) == "sdpa" and all(c is not o for o in out):
-                out.append(c)
-    return out
+        for c in [config] + [getattr(config, key, None) for key in getattr(config, "sub_configs", None) or {}]:
+            if getattr(c, "_attn_implementation_internal", None) == "sdpa":
+                found.setdefault(id(c), c)
+    return list(found.values())
 
 
 def switch(configs: list, implementation: str) -> None:

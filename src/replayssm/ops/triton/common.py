@@ -144,6 +144,24 @@ def allow_next_launch(USE_PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+@triton.jit
+def load_f32(p, mask, MASKED: tl.constexpr):
+    """Load as fp32; masked (zeros outside) only where the block can run past the tensor (``MASKED``,
+    a compile-time fact of the sizes: unmasked loads vectorise without the predicate)."""
+    if MASKED:
+        return tl.load(p, mask=mask, other=0.0).to(tl.float32)
+    return tl.load(p).to(tl.float32)
+
+
+@triton.jit
+def store_cast(p, x, mask, MASKED: tl.constexpr):
+    """Store in the pointer's dtype; masked only where the block can run past the tensor (``MASKED``)."""
+    if MASKED:
+        tl.store(p, x.to(p.dtype.element_ty), mask=mask)
+    else:
+        tl.store(p, x.to(p.dtype.element_ty))
+
+
 def check_form(kernel: str, cfg, forms: tuple[str, ...] = ("",)) -> None:
     """Raise if a launch table gives ``kernel`` a ``LaunchConfig.form`` it does not have (before any launch)."""
     if cfg.form not in forms:

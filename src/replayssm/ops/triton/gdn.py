@@ -62,10 +62,12 @@ from .common import (
     fold_tile,
     folding_rows,
     head_suffix_sums,
+    load_f32,
     next_pow2,
     nth_folding_row,
     overlap_launches,
     pdl_launch_options,
+    store_cast,
     suffix_sums,
     uses_float64,
     wait_for_previous_launch,
@@ -84,9 +86,13 @@ from .configs import (
 
 
 @triton.jit
-def _load_qk(p_q, p_k, i_b64, i_kh64, s_q_b, s_q_h, s_q_k, s_k_b, s_k_h, s_k_k, o_k, m_k, scale, L2NORM: tl.constexpr):
-    b_q = tl.load(p_q + i_b64 * s_q_b + i_kh64 * s_q_h + o_k * s_q_k, mask=m_k, other=0.0).to(tl.float32)
-    b_k = tl.load(p_k + i_b64 * s_k_b + i_kh64 * s_k_h + o_k * s_k_k, mask=m_k, other=0.0).to(tl.float32)
+def _load_qk(
+    p_q, p_k, i_b64, i_kh64, s_q_b, s_q_h, s_q_k, s_k_b, s_k_h, s_k_k, o_k, m_k, scale, L2NORM: tl.constexpr,
+    MASK_K: tl.constexpr,
+):  # fmt: skip
+    """q (l2-normalised and scaled) and k (l2-normalised) of one row and key head, in fp32."""
+    b_q = load_f32(p_q + i_b64 * s_q_b + i_kh64 * s_q_h + o_k * s_q_k, m_k, MASK_K)
+    b_k = load_f32(p_k + i_b64 * s_k_b + i_kh64 * s_k_h + o_k * s_k_k, m_k, MASK_K)
     if L2NORM:
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + 1e-6)
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + 1e-6)
@@ -155,7 +161,7 @@ def _gdn_replay_kernel(
         mask=(o_v[:, None] < V) & (o_k[None, :] < K), other=0.0,
     )
 
-    b_q, b_k = _load_qk(p_q, p_k, i_b64, i_kh64, s_q_b, s_q_h, s_q_k, s_k_b, s_k_h, s_k_k, o_k, m_k, scale, L2NORM)
+    b_q, b_k = _load_qk(p_q, p_k, i_b64, i_kh64, s_q_b, s_q_h, s_q_k, s_k_b, s_k_h, s_k_k, o_k, m_k, scale, L2NORM, True)
     b_g = tl.load(p_g + i_b64 * s_g_b + i_h64 * s_g_h).to(tl.float32)
     b_beta = tl.load(p_beta + i_b64 * s_beta_b + i_h64 * s_beta_h).to(tl.float32)
 
@@ -563,45 +569,26 @@ def _gdn_conventional_kernel(
         m_v = o_v < V
         m_tile = m_v[:, None] & m_k[None, :]
         p_tile = p_state + slot * s_st_s + i_h64 * s_st_h + o_v[:, None].to(tl.int64) * s_st_v + o_k[None, :] * s_st_k
-        b_S = _load_f32(p_tile, m_tile, MASK_V or MASK_K)
+        b_S = load_f32(p_tile, m_tile, MASK_V or MASK_K)
         for t in tl.static_range(0, T):
-            b_q = _load_f32(p_q + i_b64 * s_q_b + t * s_q_t + i_kh64 * s_q_h + o_k * s_q_k, m_k, MASK_K)
-            b_k = _load_f32(p_k + i_b64 * s_k_b + t * s_k_t + i_kh64 * s_k_h + o_k * s_k_k, m_k, MASK_K)
-            if L2NORM:
-                b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + 1e-6)
-                b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + 1e-6)
-            b_q = b_q * scale
+            b_q, b_k = _load_qk(
+                p_q + t * s_q_t, p_k + t * s_k_t, i_b64, i_kh64, s_q_b, s_q_h, s_q_k, s_k_b, s_k_h, s_k_k, o_k, m_k, scale, L2NORM,
+                MASK_K,
+            )  # fmt: skip
             b_g = tl.load(p_g + i_b64 * s_g_b + t * s_g_t + i_h64 * s_g_h).to(tl.float32)
             b_beta = tl.load(p_beta + i_b64 * s_beta_b + t * s_beta_t + i_h64 * s_beta_h).to(tl.float32)
-            b_v = _load_f32(p_v + i_b64 * s_v_b + t * s_v_t + i_h64 * s_v_h + o_v * s_v_v, m_v, MASK_V)
+            b_v = load_f32(p_v + i_b64 * s_v_b + t * s_v_t + i_h64 * s_v_h + o_v * s_v_v, m_v, MASK_V)
             b_S = b_S * tl.exp(b_g)
             b_d = b_beta * (b_v - tl.sum(b_S * b_k[None, :], axis=1))
             b_S = b_S + b_d[:, None] * b_k[None, :]
             b_S = b_S.to(p_state.dtype.element_ty).to(tl.float32)
             b_o = tl.sum(b_S * b_q[None, :], axis=1)
-            _store(p_o + i_b64 * s_o_b + t * s_o_t + i_h64 * s_o_h + o_v * s_o_v, b_o, m_v, MASK_V)
+            store_cast(p_o + i_b64 * s_o_b + t * s_o_t + i_h64 * s_o_h + o_v * s_o_v, b_o, m_v, MASK_V)
             if SNAPSHOT:
                 p_snap_tile = p_snap + slot * s_sn_s + t * s_sn_t + i_h64 * s_sn_h + o_v[:, None].to(tl.int64) * s_sn_v + o_k[None, :] * s_sn_k
-                _store(p_snap_tile, b_S, m_tile, MASK_V or MASK_K)
+                store_cast(p_snap_tile, b_S, m_tile, MASK_V or MASK_K)
         if not SNAPSHOT:
-            _store(p_tile, b_S, m_tile, MASK_V or MASK_K)
-
-
-@triton.jit
-def _load_f32(p, mask, MASKED: tl.constexpr):
-    """Load as fp32; masked (zeros outside) only where the block can run past the tensor's size."""
-    if MASKED:
-        return tl.load(p, mask=mask, other=0.0).to(tl.float32)
-    return tl.load(p).to(tl.float32)
-
-
-@triton.jit
-def _store(p, x, mask, MASKED: tl.constexpr):
-    """Store in the pointer's dtype; masked only where the block can run past the tensor's size."""
-    if MASKED:
-        tl.store(p, x.to(p.dtype.element_ty), mask=mask)
-    else:
-        tl.store(p, x.to(p.dtype.element_ty))
+            store_cast(p_tile, b_S, m_tile, MASK_V or MASK_K)
 
 
 # ---------------------------------------------------------------------------
