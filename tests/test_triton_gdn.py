@@ -233,6 +233,9 @@ VERIFY_VARIANTS = [
     # the fold launch as a work list: 2 programs (on the CPU) loop over the folding (row, head, tile group) items
     pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=1), None, id="block8-worklist-fold"),
     pytest.param(LaunchConfig(16, 3, 1), LaunchConfig(32, 2, 4, form="worklist", programs_per_sm=1), None, id="block16-worklist-fold-split2"),
+    # the token products as tensor-core dots (tf32x3), a program looping over two tiles and one per program
+    pytest.param(LaunchConfig(16, 2, 1, form="mma"), None, None, id="block16-mma-loop"),
+    pytest.param(LaunchConfig(32, 2, 2, form="mma"), None, None, id="block32-mma-2w"),
 ]
 
 
@@ -287,13 +290,30 @@ def test_bad_form_raises_before_any_launch(config, flush_config, weights_config,
     assert all(torch.equal(a, b) for a, b in zip(state, before))
 
 
+def test_mma_form_needs_tiles_of_16_rows():
+    """The main launch's "mma" form (tl.dot) on 8-row tiles is refused before the first launch, state intact."""
+    batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 8
+    gen = _gen()
+    state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, "cpu", gen)
+    q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, "cpu", gen, num_tokens=4)
+    before = [t.clone() for t in state]
+    with pytest.raises(ValueError, match="'mma' form needs tiles of >= 16 rows"):
+        kernels.gdn_step_out(
+            q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v),
+            config=LaunchConfig(8, 2, 1, form="mma"),
+        )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(state, before))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "ckpt_dtype, l2norm, tol", [(torch.float32, True, 1e-5), (torch.float16, False, 2e-3)], ids=["ck_fp32", "ck_fp16-no_l2norm"]
 )
-def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, device):
+@pytest.mark.parametrize("config", [None, LaunchConfig(16, 1, 1, form="mma")], ids=["table", "mma"])
+def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, config, device):
     """T = 5..8 with a window of 8 (T = L folds every row that holds an entry), explicit scale,
-    random accepted counts; a checkpoint in a narrower dtype: outputs from the checkpoint as stored."""
+    random accepted counts; a checkpoint in a narrower dtype: outputs from the checkpoint as stored.
+    The main launch as its table says and in its "mma" form (the table's from T = 4 at real sizes)."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 8
     gen = _gen()
     rows = torch.tensor([0, 1], device=device)
@@ -304,7 +324,7 @@ def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, l2norm, num_tokens=T)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, l2norm, 0.2)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, l2norm, 0.2, o=o)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, l2norm, 0.2, o=o, config=config)
         assert rel_err(o, o_ref) < tol
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
         accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)

@@ -150,16 +150,18 @@ class MixerAdapter:
             full = F.pad(full, (num_tokens + self.conv_kernel - 1 - full.shape[-1], 0))
         weight, bias = mixer.conv1d.weight, mixer.conv1d.bias
         if num_tokens == 1:
-            # A decode step's one column is each channel's window dotted with its taps, activated in fp32
-            # (fp64 models: fp64) and rounded once. The depthwise F.conv1d ran a generic kernel at about
-            # 50 us per layer at batch 256 on the H200 (a captured Qwen3.5-like step, 2026-12-01) for 16 MB.
-            # Eager and captured steps must round alike: in fp64 the products of 16-bit values and their sum
-            # are exact, and no rounding to 16 bits sits between the sum and the activation, where inductor,
-            # fusing the two, would skip it (it keeps fused intermediates in fp32) while eager kernels do not.
+            # A decode step's one column is each channel's window dotted with its taps, activated and
+            # rounded once to the model's dtype, all in fp64. The depthwise F.conv1d ran a generic kernel at
+            # about 50 us per layer at batch 256 on the H200 (a captured Qwen3.5-like step, 2026-12-01) for
+            # 16 MB. Eager and captured steps must round alike, and inductor, fusing these ops, drops
+            # intermediate roundings that eager kernels keep. In fp64 the products of 16-bit values and
+            # their sum are exact, and eager and inductor activations differ by about 1e-16 relative, which
+            # practically never moves a 16-bit result. (Rounding to bf16 before the activation broke the
+            # captured == eager token test for Nemotron-H on 2026-12-01; an fp32 activation differed in
+            # tests/test_hf_conv.py's GPU case, at fp32's few-ulp differences between the two silu kernels.)
             out = (full[..., -self.conv_kernel :].double() * weight[:, 0, :].double()).sum(-1, keepdim=True)
             if bias is not None:
                 out = out + bias.double()[:, None]
-            out = out.to(torch.promote_types(weight.dtype, torch.float32))
             return self.act(out).to(columns.dtype).transpose(1, 2)
         out = F.conv1d(full.to(weight.dtype), weight, bias, groups=weight.shape[0])[..., -num_tokens:]
         return self.act(out).to(columns.dtype).transpose(1, 2)

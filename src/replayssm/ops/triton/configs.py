@@ -11,7 +11,7 @@ per program). Mamba-2 kernels: the replay T = 1 main launch
 weights launch has a fixed shape. GDN: the replay kernel for T = 1
 (``gdn_replay_config``, block >= 16), the three-launch step's main launch
 (``gdn_main_config``: a T = 1 table for decoding through the three launches,
-``gdn_decode_launches``, and a T > 1 one), its fold launch
+``gdn_decode_launches``, and two T > 1 ones, short and long drafts), its fold launch
 (``gdn_flush_config``: a T = 1 table and a T > 1 one; block >= 16), its weights launch
 (``gdn_weights_config``: warps only), and the conventional one.
 
@@ -97,12 +97,24 @@ _GDN_DECODE_LAUNCHES: dict[tuple[int, int], int] = {
 _GDN_DECODE_MAIN = {
     (128, 128): LaunchConfig(block=16, split=8, num_warps=1),
 }
-# GDN verification (T > 1) main launch: one 8-row tile per 1-warp program (spec_kernels --sweep,
-# 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps; 17:26: 460.3 us
-# against 516-884 for a "tokens" block form and 1514-1616 for a "dots" one, both removed; run 9;
-# 2026-12-01: 454.2 against 506.1 / 530.9 for programs looping over 4 / 2 tiles).
-_GDN_VERIFY = {
+# GDN verification (T > 1) main launch, in two tables by draft length: `_GDN_VERIFY_SHORT` up to
+# `_GDN_VERIFY_SHORT_MAX_T` tokens, `_GDN_VERIFY` above. The per-token form: one 8-row tile per 1-warp program
+# (spec_kernels --sweep, 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps;
+# 17:26: 460.3 us against 516-884 for a "tokens" block form and 1514-1616 for an fp32-FMA "dots" one, both
+# removed; run 9; 2026-12-01: 454.2 against 506.1 / 530.9 for programs looping over 4 / 2 tiles). Nsight
+# Compute then showed it issue-bound at T = 4 (its K-wide row sums are lane shuffles; docs/kernels.md run
+# 13), and the "mma" form (the token products as tensor-core dots in tf32x3) on 16-row 1-warp tiles, each
+# program looping over two, won from T = 4 on: spec_kernels --sweep 2026-12-01 17:3x, T = 4, 417.9 us
+# against 447.4 (16 / 32 rows on 1-2 warps and 64 rows on 4: 418.6-431.6); benchmarks/experiments/
+# gdn_verify_forms.py 17:4x, mma / per-token (16/32 and 16/64 heads): T = 2 1.23 / 1.22, T = 3 1.07 / 1.07,
+# T = 4 0.93 / 0.92, T = 6 0.63 / 0.61, T = 8 0.55 / 0.52 (its 16 token rows are mostly padding for short
+# drafts). At T = 1 it lost too (344-353 against 186 us per decode step, 16/32 heads).
+_GDN_VERIFY_SHORT_MAX_T = 3
+_GDN_VERIFY_SHORT = {
     (128, 128): LaunchConfig(block=8, split=16, num_warps=1),
+}
+_GDN_VERIFY = {
+    (128, 128): LaunchConfig(block=16, split=4, num_warps=1, form="mma"),
 }
 # GDN fold launch of the three-launch step, decoding and verification (only rows whose ring cannot take T
 # more entries work; tl.dot: block >= 16). A form with R rows per program ("rows<R>", docs/kernels.md run 9)
@@ -212,8 +224,12 @@ def gdn_replay_config(value_dim: int, key_dim: int) -> LaunchConfig:
 
 
 def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
-    """The three-launch step's main launch: ``_GDN_DECODE_MAIN`` for T = 1, ``_GDN_VERIFY`` for T > 1."""
-    table = _GDN_DECODE_MAIN if num_tokens == 1 else _GDN_VERIFY
+    """The three-launch step's main launch: ``_GDN_DECODE_MAIN`` for T = 1, ``_GDN_VERIFY_SHORT`` up to
+    ``_GDN_VERIFY_SHORT_MAX_T`` tokens, ``_GDN_VERIFY`` for longer drafts."""
+    if num_tokens == 1:
+        table = _GDN_DECODE_MAIN
+    else:
+        table = _GDN_VERIFY_SHORT if num_tokens <= _GDN_VERIFY_SHORT_MAX_T else _GDN_VERIFY
     return _pick(table, value_dim, key_dim, loop=False)
 
 

@@ -34,7 +34,8 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
    the outputs ``O = B + D W'^T`` (W': causal weights of o), in registers:
    no token waits on another's d through memory. Writes the outputs and the
    d entries (one block store each), never the state. One program per row
-   moves the cursor.
+   moves the cursor. Its ``"mma"`` form (the verification table's for drafts
+   of 4 tokens or more) forms these products as tensor-core dots in tf32x3.
 
 
 Launches are ordered, which is the only synchronisation between them: each
@@ -400,6 +401,36 @@ def _gdn_weights_kernel(
 
 
 @triton.jit
+def _main_tile_mma(
+    p_ck_head, p_ring_row_d, p_v_row, i_v, c_eff,
+    s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
+    b_KQ, b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_k, m_k, o_l, T, V,
+    BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """The main launch's ``"mma"`` form for one tile: the T tokens' products as ``tl.dot``s on the tensor
+    cores, fp32 emulated by three tf32 products each (``input_precision="tf32x3"``: about 1e-6 relative
+    where tf32 alone gives 1e-3), in (token rows m, tile rows) blocks.
+
+    The ``BLOCK_M`` (16) token rows hold keys at m = 0..T-1 and queries at T..2T-1, zero beyond, so one
+    product ``[K; Q] S^T`` gives ``A^T`` and ``B^T`` together:
+    ``AB = decay [K; Q] S^T + [Wk; Wq] R^T`` (R: the ring's d slice), then ``D^T = N (V - AB)`` (N zero
+    outside its T x T corner, so the B rows drop out) and ``O^T = P AB + Wo D^T`` (P moves row T + t to
+    t). Rows >= T of D and O are zero. The per-token form's K-wide row sums are cross-lane shuffles,
+    2T per tile row (Nsight Compute, T = 4: the launch issue-bound, docs/kernels.md run 13).
+    """
+    o_v, m_v, _, _, b_S, b_rd = _load_tile_ring(
+        p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+    )
+    b_AB = b_decays[:, None] * tl.dot(b_KQ, tl.trans(b_S), input_precision="tf32x3")
+    b_AB += tl.dot(b_W_ring, tl.trans(b_rd), input_precision="tf32x3")
+    m_mv = (o_m[:, None] < T) & m_v[None, :]
+    b_V = tl.load(p_v_row + o_m[:, None] * s_v_t + o_v[None, :] * s_v_v, mask=m_mv, other=0.0).to(tl.float32)
+    b_D = tl.dot(b_N_m, b_V - b_AB, input_precision="tf32x3")
+    b_O = tl.dot(b_P, b_AB, input_precision="tf32x3") + tl.dot(b_Wo_m, b_D, input_precision="tf32x3")
+    return o_v, m_mv, b_D, b_O
+
+
+@triton.jit
 def _gdn_main_kernel(
     p_v, p_o, p_ckpt, p_ring_d, p_cursor, p_pending, p_rows, p_w, p_qk, p_pos,
     s_v_b, s_v_t, s_v_h, s_v_v,
@@ -409,8 +440,8 @@ def _gdn_main_kernel(
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key,
-    T: tl.constexpr, COMMIT: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr, USE_PDL: tl.constexpr, MMA: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 3, shaped like the conventional kernel: per tile of value rows, from one read
@@ -428,6 +459,9 @@ def _gdn_main_kernel(
     it) still run; its programs wait for launch 2 before reading anything but their row's slot.
     (Reading the first checkpoint tile before the wait, and again after it for a row that launch 1
     folded, was slower: docs/kernels.md run 11.)
+
+    ``MMA`` (``LaunchConfig.form == "mma"``): the same products as tensor-core dots over ``BLOCK_M`` (16)
+    token rows, ``_main_tile_mma``; the token block is loaded once per program.
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_kh = i_h // value_per_key
@@ -458,36 +492,63 @@ def _gdn_main_kernel(
     p_w_tt = p_w_row + o_t[:, None] * s_w_t + o_t[None, :]
     b_N = tl.load(p_w_tt + 2 * L, mask=m_t[:, None] & m_t[None, :], other=0.0)
     b_Wq = tl.load(p_w_tt + (2 * L + T), mask=m_t[:, None] & m_t[None, :], other=0.0)
+    if MMA:
+        # Per program, the padded token rows m (``BLOCK_M``): key k_t at m = t, query q_t at m = T + t,
+        # zero rows beyond 2T; their ring weights and checkpoint decays; N, P and Wo as (m, m) blocks.
+        o_m = tl.arange(0, BLOCK_M)
+        m_key = o_m < T
+        m_used = o_m < 2 * T
+        t_of_m = tl.where(m_key, o_m, o_m - T)
+        b_KQ = tl.load(
+            p_qk_row + (t_of_m * s_qk_t + tl.where(m_key, 0, s_qk_i))[:, None] + o_k[None, :], mask=m_used[:, None] & m_k[None, :], other=0.0
+        )
+        p_w_m = p_w_row + t_of_m * s_w_t
+        b_W_ring = tl.load(p_w_m[:, None] + tl.where(m_key, 0, L)[:, None] + o_l[None, :], mask=m_used[:, None] & m_ring[None, :], other=0.0)
+        b_decays = tl.load(p_w_m + (2 * L + 2 * T), mask=m_used, other=0.0)
+        m_tt = m_key[:, None] & m_key[None, :]
+        b_N_m = tl.load(p_w_m[:, None] + 2 * L + o_m[None, :], mask=m_tt, other=0.0)
+        b_Wo_m = tl.load(p_w_m[:, None] + (2 * L + T) + o_m[None, :], mask=m_tt, other=0.0)
+        b_P = tl.where(m_key[:, None] & (o_m[None, :] == o_m[:, None] + T), 1.0, 0.0)
     for i_v in range(i_s, NUM_TILES, SPLIT):
-        o_v, m_v, _, _, b_S, b_rd = _load_tile_ring(
-            p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
-        )
-        # Per token, the checkpoint + ring parts of r_t and o_t as columns of A and B (rows, tokens): no
-        # token reads another's result, so nothing waits on memory between tokens.
-        b_A = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
-        b_B = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
-        for t in tl.static_range(T):
-            p_w_t = p_w_row + t * s_w_t
-            b_k_t = tl.load(p_qk_row + t * s_qk_t + o_k, mask=m_k, other=0.0)
-            b_q_t = tl.load(p_qk_row + s_qk_i + t * s_qk_t + o_k, mask=m_k, other=0.0)
-            b_decay = tl.load(p_w_t + (2 * L + 2 * T))
-            b_wk = tl.load(p_w_t + o_l, mask=m_ring, other=0.0)
-            b_wq = tl.load(p_w_t + L + o_l, mask=m_ring, other=0.0)
-            # Every block is (rows, .) like the tile, so each sum runs along axis 1.
-            b_a = b_decay * tl.sum(b_S * b_k_t[None, :], axis=1) + tl.sum(b_wk[None, :] * b_rd, axis=1)
-            b_b = b_decay * tl.sum(b_S * b_q_t[None, :], axis=1) + tl.sum(b_wq[None, :] * b_rd, axis=1)
-            b_A = tl.where(o_t[None, :] == t, b_a[:, None], b_A)
-            b_B = tl.where(o_t[None, :] == t, b_b[:, None], b_B)
-        b_V = tl.load(p_v_row + o_t[None, :] * s_v_t + o_v[:, None] * s_v_v, mask=m_v[:, None] & m_t[None, :], other=0.0)
-        # D = (V - A) N^T, O = B + D Wq'^T: (rows, T, T) products, summed over the last axis.
-        b_D = tl.sum((b_V.to(tl.float32) - b_A)[:, None, :] * b_N[None, :, :], axis=2)
-        b_O = b_B + tl.sum(b_D[:, None, :] * b_Wq[None, :, :], axis=2)
-        m_vt = m_v[:, None] & m_t[None, :]
-        tl.store(p_o_row + o_t[None, :] * s_o_t + o_v[:, None] * s_o_v, b_O.to(p_o.dtype.element_ty), mask=m_vt)
-        # d at ring positions c .. c + T - 1 (fp32 in the state classes; only the fold reads them back).
-        tl.store(
-            p_ring_row_d + (c_eff + o_t[None, :]) * s_rd_l + o_v[:, None] * s_rd_v, b_D.to(p_ring_d.dtype.element_ty), mask=m_vt
-        )
+        if MMA:
+            o_v, m_mv, b_Dm, b_Om = _main_tile_mma(
+                p_ck_head, p_ring_row_d, p_v_row, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
+                b_KQ, b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_k, m_k, o_l, T, V, BLOCK_V,
+            )  # fmt: skip
+            tl.store(p_o_row + o_m[:, None] * s_o_t + o_v[None, :] * s_o_v, b_Om.to(p_o.dtype.element_ty), mask=m_mv)
+            tl.store(
+                p_ring_row_d + (c_eff + o_m[:, None]) * s_rd_l + o_v[None, :] * s_rd_v, b_Dm.to(p_ring_d.dtype.element_ty), mask=m_mv
+            )
+        else:
+            o_v, m_v, _, _, b_S, b_rd = _load_tile_ring(
+                p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+            )
+            # Per token, the checkpoint + ring parts of r_t and o_t as columns of A and B (rows, tokens): no
+            # token reads another's result, so nothing waits on memory between tokens.
+            b_A = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
+            b_B = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
+            for t in tl.static_range(T):
+                p_w_t = p_w_row + t * s_w_t
+                b_k_t = tl.load(p_qk_row + t * s_qk_t + o_k, mask=m_k, other=0.0)
+                b_q_t = tl.load(p_qk_row + s_qk_i + t * s_qk_t + o_k, mask=m_k, other=0.0)
+                b_decay = tl.load(p_w_t + (2 * L + 2 * T))
+                b_wk = tl.load(p_w_t + o_l, mask=m_ring, other=0.0)
+                b_wq = tl.load(p_w_t + L + o_l, mask=m_ring, other=0.0)
+                # Every block is (rows, .) like the tile, so each sum runs along axis 1.
+                b_a = b_decay * tl.sum(b_S * b_k_t[None, :], axis=1) + tl.sum(b_wk[None, :] * b_rd, axis=1)
+                b_b = b_decay * tl.sum(b_S * b_q_t[None, :], axis=1) + tl.sum(b_wq[None, :] * b_rd, axis=1)
+                b_A = tl.where(o_t[None, :] == t, b_a[:, None], b_A)
+                b_B = tl.where(o_t[None, :] == t, b_b[:, None], b_B)
+            b_V = tl.load(p_v_row + o_t[None, :] * s_v_t + o_v[:, None] * s_v_v, mask=m_v[:, None] & m_t[None, :], other=0.0)
+            # D = (V - A) N^T, O = B + D Wq'^T: (rows, T, T) products, summed over the last axis.
+            b_D = tl.sum((b_V.to(tl.float32) - b_A)[:, None, :] * b_N[None, :, :], axis=2)
+            b_O = b_B + tl.sum(b_D[:, None, :] * b_Wq[None, :, :], axis=2)
+            m_vt = m_v[:, None] & m_t[None, :]
+            tl.store(p_o_row + o_t[None, :] * s_o_t + o_v[:, None] * s_o_v, b_O.to(p_o.dtype.element_ty), mask=m_vt)
+            # d at ring positions c .. c + T - 1 (fp32 in the state classes; only the fold reads them back).
+            tl.store(
+                p_ring_row_d + (c_eff + o_t[None, :]) * s_rd_l + o_v[:, None] * s_rd_v, b_D.to(p_ring_d.dtype.element_ty), mask=m_vt
+            )
 
 
 @triton.jit
@@ -688,8 +749,11 @@ def _gdn_three_launches(
     wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
     cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
     check_form("_gdn_flush_kernel", fcfg, ("", "worklist"))
-    for kernel, launch in (("_gdn_weights_kernel", wcfg), ("_gdn_main_kernel", cfg)):
-        check_form(kernel, launch)
+    check_form("_gdn_weights_kernel", wcfg)
+    check_form("_gdn_main_kernel", cfg, ("", "mma"))
+    mma = cfg.form == "mma"
+    if mma and (cfg.block < 16 or key_dim < 16):
+        raise ValueError(f"_gdn_main_kernel: the 'mma' form needs tiles of >= 16 rows and key_dim >= 16 (tl.dot), got {cfg.block} / {key_dim}")
     num_tiles, split = _tiles(value_dim, fcfg)
     worklist = fcfg.form == "worklist"
     flush_grid = (worklist_grid(v.device, batch * value_heads * split, fcfg),) if worklist else (split, value_heads, batch)
@@ -725,8 +789,9 @@ def _gdn_three_launches(
             **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
             **ck_strides, **rd_strides, **scratch_strides,
             V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit,
-            USE_PDL=use_pdl,
-            BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
+            USE_PDL=use_pdl, MMA=mma,
+            BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16) if mma else block_l, BLOCK_T=block_t,
+            BLOCK_M=max(16, next_pow2(2 * num_tokens)), NUM_TILES=num_tiles, SPLIT=split,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later,
         )  # fmt: skip
 

@@ -1,0 +1,48 @@
+"""Experiment: run a few replay steps eagerly, for Nsight Compute to profile their kernels.
+
+No timing here: run it under ``ncu`` (the clocks left alone), e.g.
+
+    ncu --clock-control none -k regex:_gdn_main_kernel --launch-skip 4 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section Occupancy \
+        python3 benchmarks/experiments/ncu_steps.py --geometry gdn-16x32x128x128 --tokens 4
+
+``--tokens 1`` runs decode steps (T = 1), more runs verify steps with 2 of T accepted (the speculative
+benchmark's cases, batch 256, window 16, staggered rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from decode_kernels import GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, Case  # noqa: E402
+from spec_kernels import SpecCase  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--geometry", choices=list(GEOMETRIES), required=True)
+    ap.add_argument("--tokens", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8)
+    args = ap.parse_args()
+    geometry = GEOMETRIES[args.geometry]
+    if args.tokens == 1:
+        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, "cuda")
+        case.set_phase("staggered")
+        steps = case.replay_steps(None)
+    else:
+        case = SpecCase(geometry, HEADLINE_BATCH, args.tokens, "half")
+        case.base.set_phase("staggered")
+        steps = case.replay_steps()
+    for step in (steps * (1 + args.steps // len(steps)))[: args.steps]:
+        step()
+    torch.cuda.synchronize()
+    print(f"ran {args.steps} steps of {args.geometry}, T = {args.tokens}")
+
+
+if __name__ == "__main__":
+    main()
