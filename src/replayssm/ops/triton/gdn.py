@@ -487,11 +487,7 @@ def _gdn_main_kernel(
     p_o_row = p_o + i_b64 * s_o_b + i_h64 * s_o_h
     p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
     p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
-    # Per program, once: N (d = N (v - a), see the weights launch) and the causal weights of o, (T, T).
     m_t = o_t < T
-    p_w_tt = p_w_row + o_t[:, None] * s_w_t + o_t[None, :]
-    b_N = tl.load(p_w_tt + 2 * L, mask=m_t[:, None] & m_t[None, :], other=0.0)
-    b_Wq = tl.load(p_w_tt + (2 * L + T), mask=m_t[:, None] & m_t[None, :], other=0.0)
     if MMA:
         # Per program, the padded token rows m (``BLOCK_M``): key k_t at m = t, query q_t at m = T + t,
         # zero rows beyond 2T; their ring weights and checkpoint decays; N, P and Wo as (m, m) blocks.
@@ -509,6 +505,11 @@ def _gdn_main_kernel(
         b_N_m = tl.load(p_w_m[:, None] + 2 * L + o_m[None, :], mask=m_tt, other=0.0)
         b_Wo_m = tl.load(p_w_m[:, None] + (2 * L + T) + o_m[None, :], mask=m_tt, other=0.0)
         b_P = tl.where(m_key[:, None] & (o_m[None, :] == o_m[:, None] + T), 1.0, 0.0)
+    else:
+        # Per program, once: N (d = N (v - a), see the weights launch) and the causal weights of o, (T, T).
+        p_w_tt = p_w_row + o_t[:, None] * s_w_t + o_t[None, :]
+        b_N = tl.load(p_w_tt + 2 * L, mask=m_t[:, None] & m_t[None, :], other=0.0)
+        b_Wq = tl.load(p_w_tt + (2 * L + T), mask=m_t[:, None] & m_t[None, :], other=0.0)
     for i_v in range(i_s, NUM_TILES, SPLIT):
         if MMA:
             o_v, m_mv, b_Dm, b_Om = _main_tile_mma(
