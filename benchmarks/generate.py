@@ -58,7 +58,8 @@ Decode is timed as ``--steps`` single-token forwards after a prefill of
 * ``kernel_ms_per_step``: the sum of all CUDA kernel durations of those
   profiled steps / their number: the GPU's busy time per step. Next to
   ``ms_per_step`` it says how much of a step is kernels and how much is host
-  work and launch gaps;
+  work and launch gaps; ``kernels_per_step``: how many kernels a step
+  launches (each brings a gap of its own, even inside a CUDA graph);
 * ``wall_seconds``: how long the mode took, compilation and profiling included;
 * ``errors``: a mode that raises (an out-of-memory at batch 256, say) is
   recorded with NaN tokens/s and ms, its error (type and first line), and the
@@ -244,7 +245,7 @@ def time_decode(
                 if cuda and repeat:
                     decode_peak = max(decode_peak or 0, torch.cuda.max_memory_allocated(device))
             held = cache_bytes(cache)
-            share = kernel_ms = top = None
+            share = kernel_ms = top = launches = None
             if profile_steps:  # after the timing, from a fresh prefill: the profiler never runs during a timed step
                 cache = prefill()
                 kernels = profiled_kernels(lambda: decode(cache, profile_steps))
@@ -252,13 +253,14 @@ def time_decode(
                 if kernels:
                     kernel_ms = sum(duration for _, duration in kernels) / 1000 / profile_steps
                     top = top_kernels(kernels, profile_steps)
+                    launches = len(kernels) / profile_steps
             if cuda:
                 run_peak = max(run_peak, torch.cuda.max_memory_allocated(device))
         finally:
             if compile_kwargs is not None:
                 replayssm.ops.set_value_checks(previous_checks)
     return {
-        "seconds_per_step": statistics.median(times[1:]) / steps, "share": share, "kernel_ms": kernel_ms, "top": top,
+        "seconds_per_step": statistics.median(times[1:]) / steps, "share": share, "kernel_ms": kernel_ms, "top": top, "launches": launches,
         "run_peak": run_peak if cuda else None, "decode_peak": decode_peak, **held,
     }  # fmt: skip
 
@@ -295,13 +297,17 @@ def state_op_share(kernels: list[tuple[str, float]]) -> float | None:
     return sum(duration for name, duration in kernels if STATE_OP_KERNEL.search(name)) / total
 
 
-def top_kernels(kernels: list[tuple[str, float]], steps: int, count: int = 12) -> list[tuple[str, float]]:
-    """The ``count`` kernel names with the most time, as (name, microseconds per step), most first: where a
-    captured step's time goes (names cut to 120 characters; inductor's fused kernels are named by their ops)."""
-    totals: dict[str, float] = {}
+def top_kernels(kernels: list[tuple[str, float]], steps: int, count: int = 24) -> list[tuple[str, float, float]]:
+    """The ``count`` kernel names with the most time, as (name, microseconds per step, launches per step), most
+    first: where a captured step's time goes (names cut to 120 characters; inductor's fused kernels are named
+    by their ops)."""
+    totals: dict[str, list[float]] = {}
     for name, duration in kernels:
-        totals[name[:120]] = totals.get(name[:120], 0.0) + duration
-    return [(name, total / steps) for name, total in sorted(totals.items(), key=lambda item: -item[1])[:count]]
+        total = totals.setdefault(name[:120], [0.0, 0])
+        total[0] += duration
+        total[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:count]
+    return [(name, total / steps, launches / steps) for name, (total, launches) in ranked]
 
 
 def assisted_tokens_per_second(model, new_tokens: int, repeats: int, device: torch.device, lookup: int | None) -> tuple[float, torch.Tensor]:
@@ -387,6 +393,7 @@ def measure_mode(
         "decode_peak_memory_gib": gib(timed["decode_peak"]),
         "state_op_share": timed["share"],
         "kernel_ms_per_step": timed["kernel_ms"],
+        "kernels_per_step": timed["launches"],
         "top_kernels": timed["top"],
         "weights_gib": gib(sum(p.numel() * p.element_size() for p in model.parameters())),
         "kv_cache_gib": gib(timed["kv_bytes"]),
@@ -397,7 +404,7 @@ def measure_mode(
 #: the per-mode figures of a row, as measure_mode returns them
 FIGURES = (
     "tokens_per_s", "ms_per_step", "peak_memory_gib", "decode_peak_memory_gib", "state_op_share", "kernel_ms_per_step",
-    "weights_gib", "kv_cache_gib", "ssm_state_gib", "top_kernels",
+    "weights_gib", "kv_cache_gib", "ssm_state_gib", "kernels_per_step", "top_kernels",
 )  # fmt: skip
 #: the figures of a mode that raised
 FAILED = dict(zip(FIGURES, (float("nan"), float("nan")) + (None,) * (len(FIGURES) - 2)))
@@ -419,7 +426,7 @@ def format_mode(figures: dict) -> str:
         f"peak {_cell(figures['peak_memory_gib'], '{:.2f}')} GiB (decode {_cell(figures['decode_peak_memory_gib'], '{:.2f}')}; "
         f"weights {_cell(figures['weights_gib'], '{:.2f}')}, KV {_cell(figures['kv_cache_gib'], '{:.2f}')}, "
         f"SSM state {_cell(figures['ssm_state_gib'], '{:.2f}')}), state ops {_cell(figures['state_op_share'], '{:.1%}')} of kernel time, "
-        f"kernels {_cell(figures['kernel_ms_per_step'], '{:.3f}')} ms/step"
+        f"kernels {_cell(figures['kernel_ms_per_step'], '{:.3f}')} ms/step ({_cell(figures['kernels_per_step'], '{:.1f}')} per step)"
     )
 
 
@@ -580,8 +587,8 @@ def main(argv: list[str] | None = None) -> None:
                         torch.cuda.empty_cache()
                 else:
                     print(f"{name} batch {batch} {mode}: {format_mode(figures)}, {row['wall_seconds'][mode]:.1f} s", flush=True)
-                    for kernel, us in figures["top_kernels"] or ():
-                        print(f"    {us:9.1f} us/step  {kernel}", flush=True)
+                    for kernel, us, launches in figures["top_kernels"] or ():
+                        print(f"    {us:9.1f} us/step {launches:5.1f}x  {kernel}", flush=True)
                 save()
         replayssm.unpatch(model)
         if not args.no_assisted:

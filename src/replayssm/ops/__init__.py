@@ -32,6 +32,7 @@ __all__ = [
     "gdn_materialize",
     "gdn_conventional_step",
     "commit",
+    "causal_conv_step",
 ]
 
 _MAMBA2_STATE = ("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay", "cursor", "pending")
@@ -316,6 +317,31 @@ def commit(cursor: Tensor, pending: Tensor, rows: Tensor, accepted: Tensor) -> N
 @commit.register_fake
 def _(cursor, pending, rows, accepted):
     return None
+
+
+# ---------------------------------------------------------------------------
+# the causal conv in front of the SSM
+# ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("replayssm::causal_conv_step", mutates_args=("window",))
+def causal_conv_step(x: Tensor, weight: Tensor, bias: Tensor | None, window: Tensor, silu: bool) -> Tensor:
+    """One decode step of the depthwise causal conv in front of a Mamba-2 or GDN recurrence.
+
+    ``x`` ``(batch, channels)`` is the new column; ``window`` ``(batch, channels, width)`` (mutated)
+    holds each channel's last ``width >= taps - 1`` inputs, oldest first, in x's dtype (transformers
+    keeps ``width = taps``); ``weight`` ``(channels, taps)``, ``bias`` ``(channels,)`` or None. The output
+    dots each channel's last ``taps`` inputs (the window's tail, then x) with its taps, adds the bias,
+    applies SiLU if ``silu``, all in fp64, rounded once to x's dtype; the window then drops its oldest
+    column and takes x. Returns ``(batch, channels)`` in x's dtype.
+    """
+    _checks.check_causal_conv_step(x, weight, bias, window)
+    return reference.causal_conv_step(x, weight, bias, window, silu)
+
+
+@causal_conv_step.register_fake
+def _(x, weight, bias, window, silu):
+    return x.new_empty(x.shape)
 
 
 # CUDA implementations (Triton) register themselves here; the reference above

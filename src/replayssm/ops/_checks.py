@@ -239,3 +239,20 @@ def check_conventional(op: str, ck_inputs: dict, state: Tensor, state_layout: st
             ck.fail(IndexError, "rows", f"must index slots in [0, {slots}), got {rows_host.tolist()}")
         if rows_host.unique().numel() != rows_host.numel():
             ck.fail(ValueError, "rows", f"must not repeat a slot, got {rows_host.tolist()}")
+
+
+def check_causal_conv_step(x, weight, bias, window) -> None:
+    ck = ArgChecker("causal_conv_step", x.device if isinstance(x, Tensor) else torch.device("cpu"))
+    ck.tensor("x", x, (None, None), "(batch, channels)", FLOAT_DTYPES)
+    batch, channels = x.shape
+    ck.tensor("weight", weight, (channels, None), "(channels, taps)", FLOAT_DTYPES)
+    taps = weight.shape[1]
+    ck.condition(taps >= 1, ValueError, "weight", "must have at least one tap, got 0")
+    ck.tensor("bias", bias, (channels,), "(channels,)", FLOAT_DTYPES, optional=True)
+    ck.tensor("window", window, (batch, channels, None), "(batch, channels, width)", (x.dtype,))
+    ck.condition(
+        window.shape[2] >= taps - 1,
+        ValueError,
+        "window",
+        f"must hold at least taps - 1 = {taps - 1} columns, got width {window.shape[2]}",
+    )

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
+from ... import ops
 from ...config import ReplayConfig
+from ...ops import reference
 from ...state import ReplayState
 from .cache import PREFILL_ROLLBACK, ReplayLayerMixin, adopt_cache
 
@@ -51,6 +53,9 @@ class MixerAdapter:
         self.activation_dtype = next(mixer.parameters()).dtype
         self.conv_kernel = mixer.conv1d.kernel_size[0]
         self.act = ACT2FN[mixer.activation]
+        #: the conv activation as ``ops.causal_conv_step`` takes it (True: SiLU, False: none); None for any
+        #: other (the mixers here all use SiLU), which takes the generic conv
+        self.conv_silu = {"silu": True, "swish": True, "identity": False, "linear": False}.get(mixer.activation)
         #: decode through the conventional op (the benchmark baseline) instead of replay
         self.conventional = context.step == "conventional"
 
@@ -139,30 +144,31 @@ class MixerAdapter:
     def conv(self, layer: ReplayLayerMixin, columns: Tensor) -> Tensor:
         """Causal conv of ``columns`` ``(batch, channels, T)`` after the layer's conv window; returns ``(batch, T, channels)``.
 
-        The window itself is kept (and, while recording, rolled back) by the
-        transformers layer: ``update_conv_state`` returns the window followed
-        by the new columns.
+        A decode step (one column) moves the window on in place through ``ops.causal_conv_step``: one
+        pass over the window where transformers' ``update_conv_state`` and a conv over its result make
+        three (a captured Qwen3.5-like step at batch 256 on the H200, three layers: 40 us against 84,
+        2026-12-01). Otherwise the window is kept
+        (and, while recording, rolled back) by the transformers layer: ``update_conv_state`` returns the
+        window followed by the new columns.
+
+        One-column outputs are computed in fp64 and rounded once to the model's dtype on every path (the
+        op and ``reference.causal_conv_columns``): eager and captured steps must round alike, and
+        inductor, fusing a conv's ops, drops intermediate roundings that eager kernels keep. (Rounding to
+        bf16 before the activation broke the captured == eager token test for Nemotron-H on 2026-12-01,
+        and an fp32 activation differed at fp32's few-ulp differences between eager and inductor silu.)
         """
         mixer = self.mixer
         num_tokens = columns.shape[-1]
+        weight, bias = mixer.conv1d.weight, mixer.conv1d.bias
+        if num_tokens == 1 and self.conv_silu is not None:
+            window = layer.decode_conv_window()
+            if window is not None and window.dtype == columns.dtype:
+                return ops.causal_conv_step(columns[..., 0], weight[:, 0, :], bias, window, self.conv_silu).unsqueeze(1)
         full = layer.update_conv_state(columns, 0, conv_kernel_size=self.conv_kernel)
         if full.shape[-1] < num_tokens + self.conv_kernel - 1:  # a recorded history shorter than the kernel
             full = F.pad(full, (num_tokens + self.conv_kernel - 1 - full.shape[-1], 0))
-        weight, bias = mixer.conv1d.weight, mixer.conv1d.bias
-        if num_tokens == 1:
-            # A decode step's one column is each channel's window dotted with its taps, activated and
-            # rounded once to the model's dtype, all in fp64. The depthwise F.conv1d ran a generic kernel at
-            # about 50 us per layer at batch 256 on the H200 (a captured Qwen3.5-like step, 2026-12-01) for
-            # 16 MB. Eager and captured steps must round alike, and inductor, fusing these ops, drops
-            # intermediate roundings that eager kernels keep. In fp64 the products of 16-bit values and
-            # their sum are exact, and eager and inductor activations differ by about 1e-16 relative, which
-            # practically never moves a 16-bit result. (Rounding to bf16 before the activation broke the
-            # captured == eager token test for Nemotron-H on 2026-12-01; an fp32 activation differed in
-            # tests/test_hf_conv.py's GPU case, at fp32's few-ulp differences between the two silu kernels.)
-            out = (full[..., -self.conv_kernel :].double() * weight[:, 0, :].double()).sum(-1, keepdim=True)
-            if bias is not None:
-                out = out + bias.double()[:, None]
-            return self.act(out).to(columns.dtype).transpose(1, 2)
+        if num_tokens == 1 and self.conv_silu is not None:
+            return reference.causal_conv_columns(full[..., -self.conv_kernel :], weight[:, 0, :], bias, self.conv_silu).unsqueeze(1)
         out = F.conv1d(full.to(weight.dtype), weight, bias, groups=weight.shape[0])[..., -num_tokens:]
         return self.act(out).to(columns.dtype).transpose(1, 2)
 

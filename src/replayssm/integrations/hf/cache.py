@@ -118,6 +118,14 @@ class ReplayLayerMixin(ABC):
             self._verify_cols = conv_states
         return torch.cat([self.conv_states[0], conv_states], dim=-1)
 
+    def decode_conv_window(self) -> Tensor | None:
+        """The conv window a one-token step may move on in place (``ops.causal_conv_step``), or None where
+        transformers' ``update_conv_state`` must keep it: the prefill (it makes the window), past
+        recording (the window grows until a crop) and captured verification (the columns wait for crop)."""
+        if self.record_past or self.captured or not self.has_previous_state[0]:
+            return None
+        return self.conv_states[0]
+
     def enter_captured(self, columns: int) -> None:
         """Switch to captured verification (after the first crop): static conv window and column buffer."""
         conv = self.conv_states[0]

@@ -21,8 +21,9 @@ fp64 calls (the kernels compute in fp32).
 
 Layout: ``mamba2.py`` and ``gdn.py`` hold one family each (kernels and
 launchers, each launcher with the signature of its reference twin in
-``ops/reference.py``); ``configs.py`` the hand-picked launch table;
-``common.py`` shared jit helpers.
+``ops/reference.py``); ``conv.py`` the decode step of the causal conv in
+front of both; ``commit.py`` the cursor move; ``configs.py`` the
+hand-picked launch table; ``common.py`` shared jit helpers.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _FAMILY = {
     "gdn_step": "gdn",
     "gdn_conventional_step": "gdn",
     "commit": "commit",
+    "causal_conv_step": "conv",
 }
 
 
@@ -57,7 +59,7 @@ def register_cuda_kernels() -> None:
     if not triton_available():
         return
     from .. import _check_gdn_conventional, _check_mamba2_conventional, _checks
-    from .. import commit, gdn_conventional_step, gdn_step, mamba2_conventional_step, mamba2_step
+    from .. import causal_conv_step, commit, gdn_conventional_step, gdn_step, mamba2_conventional_step, mamba2_step
 
     @mamba2_step.register_kernel("cuda")
     def _(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus):
@@ -85,3 +87,8 @@ def register_cuda_kernels() -> None:
     def _(cursor, pending, rows, accepted):
         _checks.check_commit(cursor, pending, rows, accepted)
         _launcher("commit")(cursor, pending, rows, accepted)
+
+    @causal_conv_step.register_kernel("cuda")
+    def _(x, weight, bias, window, silu):
+        _checks.check_causal_conv_step(x, weight, bias, window)
+        return _launcher("causal_conv_step")(x, weight, bias, window, silu)
