@@ -91,6 +91,19 @@ def test_kernel_matches_reference(shape, dtype, strided, form, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_float64_keeps_float64(device):
+    """fp64 calls keep fp64 outputs on every device (the kernels round through fp32: CUDA sends fp64 to the
+    reference)."""
+    gen = torch.Generator().manual_seed(17)
+    x, weight, b, window = _inputs(2, 9, 4, 4, torch.float64, device, gen)
+    expected, expected_window = _float64_conv(x, weight, b, window, True)
+    out = ops.causal_conv_step(x, weight, b, window, True)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, expected, rtol=1e-14, atol=1e-14)
+    assert torch.equal(window, expected_window)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_registered_op_dispatches_and_compiles(device):
     """The op runs the kernel on CUDA and the reference on the CPU; under torch.compile (fullgraph) it
     mutates the window like an eager call and gives the same output."""

@@ -332,8 +332,9 @@ def causal_conv_step(x: Tensor, weight: Tensor, bias: Tensor | None, window: Ten
     holds each channel's last ``width >= taps - 1`` inputs, oldest first, in x's dtype (transformers
     keeps ``width = taps``); ``weight`` ``(channels, taps)``, ``bias`` ``(channels,)`` or None. The output
     dots each channel's last ``taps`` inputs (the window's tail, then x) with its taps, adds the bias,
-    applies SiLU if ``silu``, all in fp64, rounded once to x's dtype; the window then drops its oldest
-    column and takes x. Returns ``(batch, channels)`` in x's dtype.
+    applies SiLU if ``silu``, all in fp64, and rounds to x's dtype at the end (as torch rounds fp64:
+    through fp32); the window then drops its oldest column and takes x. Returns ``(batch, channels)`` in
+    x's dtype.
     """
     _checks.check_causal_conv_step(x, weight, bias, window)
     return reference.causal_conv_step(x, weight, bias, window, silu)

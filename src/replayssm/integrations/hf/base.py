@@ -151,8 +151,8 @@ class MixerAdapter:
         (and, while recording, rolled back) by the transformers layer: ``update_conv_state`` returns the
         window followed by the new columns.
 
-        One-column outputs are computed in fp64 and rounded once to the model's dtype on every path (the
-        op and ``reference.causal_conv_columns``): eager and captured steps must round alike, and
+        One-column outputs are computed in fp64 and rounded to the model's dtype at the end on every path
+        (the op and ``reference.causal_conv_columns``): eager and captured steps must round alike, and
         inductor, fusing a conv's ops, drops intermediate roundings that eager kernels keep. (Rounding to
         bf16 before the activation broke the captured == eager token test for Nemotron-H on 2026-12-01,
         and an fp32 activation differed at fp32's few-ulp differences between eager and inductor silu.)

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import device_context, next_pow2
+from .. import reference
+from .common import device_context, next_pow2, uses_float64
 
 #: channels per program, and warps: one channel per thread (the w4 form at batch 256 on the H200, a window
 #: out of L2: 14.1 us against 15.8 at 256 channels and 18.0 at 512; benchmarks/experiments/conv_step.py)
@@ -159,7 +160,10 @@ def _fits_w4(weight: Tensor, window: Tensor) -> bool:
 
 
 def causal_conv_step(x: Tensor, weight: Tensor, bias: Tensor | None, window: Tensor, silu: bool) -> Tensor:
-    """Same signature as ``reference.causal_conv_step``."""
+    """Same signature as ``reference.causal_conv_step``; fp64 inputs go to the reference (the kernels round
+    their output through fp32)."""
+    if uses_float64(x):
+        return reference.causal_conv_step(x, weight, bias, window, silu)
     out = x.new_empty(x.shape)
     causal_conv_step_out(x, weight, bias, window, silu, out)
     return out
