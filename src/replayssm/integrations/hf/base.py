@@ -147,9 +147,8 @@ class MixerAdapter:
         A decode step (one column) moves the window on in place through ``ops.causal_conv_step``: one
         pass over the window where transformers' ``update_conv_state`` and a conv over its result make
         three (a captured Qwen3.5-like step at batch 256 on the H200, three layers: 40 us against 84,
-        2026-12-01). Otherwise the window is kept
-        (and, while recording, rolled back) by the transformers layer: ``update_conv_state`` returns the
-        window followed by the new columns.
+        2026-12-01). Otherwise the window is kept (and, while recording, rolled back) by the
+        transformers layer: ``update_conv_state`` returns the window followed by the new columns.
 
         One-column outputs are computed in fp64 and rounded to the model's dtype at the end on every path
         (the op and ``reference.causal_conv_columns``): eager and captured steps must round alike, and
