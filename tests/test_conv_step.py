@@ -75,15 +75,14 @@ def test_kernel_matches_reference(shape, dtype, strided, form, device):
     if form == "w4" and not kernels._fits_w4(torch.empty(1, shape[3]), torch.empty(1, 1, shape[2])):
         pytest.skip("the w4 form takes windows of 4 columns")
     gen = torch.Generator().manual_seed(12)
-    for step, (bias, silu) in enumerate([(True, True), (False, False), (True, True)]):
-        x, weight, b, window = _inputs(*shape, dtype, device, gen, bias=bias, strided=strided)
-        if step:
-            window = kernel_window  # noqa: F821 - the window the previous step left
+    window = None
+    for bias, silu in [(True, True), (False, False), (True, True)]:
+        x, weight, b, fresh_window = _inputs(*shape, dtype, device, gen, bias=bias, strided=strided)
+        window = fresh_window if window is None else window  # later steps move on the window the last one left
         ref_window = window.clone()
         expected = ref.causal_conv_step(x, weight, b, ref_window, silu)
         out = torch.full_like(x, float("nan")).contiguous()
         kernels.causal_conv_step_out(x, weight, b, window, silu, out, form=form)
-        kernel_window = window
         assert torch.equal(window, ref_window), "the window must move on exactly"
         # the same fp64 sum (in another order), rounded alike, to one ulp: the interpreter truncates fp32 -> bf16
         rtol = _ulp(dtype)
@@ -148,11 +147,10 @@ def test_captured_steps_match_eager():
         assert torch.equal(got, want)
 
 
-def _bad(arg):
+def _valid_args():
     gen = torch.Generator().manual_seed(16)
     x, weight, b, window = _inputs(2, 6, 4, 4, torch.float32, "cpu", gen)
-    args = {"x": x, "weight": weight, "bias": b, "window": window}
-    return args, arg
+    return {"x": x, "weight": weight, "bias": b, "window": window}
 
 
 @pytest.mark.parametrize(
@@ -168,7 +166,7 @@ def _bad(arg):
     ],
 )
 def test_bad_input_names_the_argument_and_leaves_the_window(arg, change, message):
-    args, _ = _bad(arg)
+    args = _valid_args()
     args[arg] = change(args)
     before = args["window"].clone()
     with pytest.raises((ValueError, TypeError), match=rf"causal_conv_step: argument '{arg}'.*{message}"):

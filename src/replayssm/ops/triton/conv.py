@@ -130,13 +130,14 @@ def causal_conv_step_out(
     batch, channels = x.shape
     if batch == 0 or channels == 0:
         return
-    if form == "w4" and not _fits_w4(weight, window):
+    fits_w4 = _fits_w4(weight, window)
+    if form == "w4" and not fits_w4:
         raise ValueError(f"the w4 form takes rows of 4 contiguous columns and at most 5 taps, got window {tuple(window.shape)} "
                          f"strides {window.stride()} and {weight.shape[1]} taps")  # fmt: skip
     block = min(block_channels, next_pow2(channels))
     grid = (triton.cdiv(channels, block), batch)
     with device_context(x):
-        if form == "w4" or (form is None and _fits_w4(weight, window)):
+        if fits_w4 and form != "tile":
             _causal_conv_step_w4_kernel[grid](
                 p_x=x, p_weight=weight, p_bias=bias, p_window=window, p_out=out, channels=channels,
                 s_x_b=x.stride(0), s_x_c=x.stride(1), s_w_c=weight.stride(0), s_w_t=weight.stride(1),
