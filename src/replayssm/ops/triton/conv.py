@@ -28,7 +28,8 @@ from .. import reference
 from .common import device_context, next_pow2, uses_float64
 
 #: channels per program, and warps: one channel per thread (the w4 form at batch 256 on the H200, a window
-#: out of L2: 14.1 us against 15.8 at 256 channels and 18.0 at 512; benchmarks/experiments/conv_step.py)
+#: out of L2: 14.1 us against 16.0 at 256 channels and 18.5 at 512; benchmarks/experiments/conv_step.py
+#: --batches 256, 2026-12-01 19:56)
 _BLOCK_CHANNELS = 128
 _NUM_WARPS = 4
 
