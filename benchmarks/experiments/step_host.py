@@ -29,7 +29,6 @@ import datetime
 import json
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -38,20 +37,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import generate  # noqa: E402
+from _profile import trace_events  # noqa: E402
 
 import replayssm  # noqa: E402
 from replayssm.integrations.hf import testing  # noqa: E402
-
-
-def _trace_events(run) -> list[dict]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as profiler:
-        run()
-    with tempfile.TemporaryDirectory() as folder:
-        trace = Path(folder) / "trace.json"
-        profiler.export_chrome_trace(str(trace))
-        return json.loads(trace.read_text())["traceEvents"]
 
 
 def _gaps(events: list[dict], steps: int, count: int = 12) -> dict:
@@ -193,7 +182,7 @@ def measure(model, name: str, mode: str, batch: int, prompt: int, steps: int, co
             profiled = 8
             stats = _python_profile(lambda: ([call(pos) for pos in range(prompt, prompt + profiled)], sync()))
             prefill()
-            events = _trace_events(lambda: ([call(pos) for pos in range(prompt, prompt + profiled)], sync()))
+            events = trace_events(lambda: ([call(pos) for pos in range(prompt, prompt + profiled)], sync()), cpu=True, record_shapes=True)
     finally:
         replayssm.ops.set_value_checks(previous_checks)
     counters = torch._dynamo.utils.counters
