@@ -129,8 +129,7 @@ def measure(model, name: str, mode: str, batch: int, prompt: int, steps: int, co
     positions = [torch.full((batch, 1), p, device=device) for p in range(ids.shape[1])]
 
     def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        generate._sync(device)
 
     def prefill():
         cache.reset()
