@@ -167,16 +167,17 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         # Larger tiles and 2 warps lost every earlier sweep (625-948 against 455-537 us), programs looping over
         # several tiles too (2026-12-01, split 8 / 4: 530.9 / 506.1 against 454.2).
         main = ("_GDN_VERIFY", [(8, 1), (16, 1)])
-        forms = [("mma", 16, 1), ("mma", 32, 1), ("mma", 32, 2), ("mma", 64, 4)]  # (run 9's block forms lost and were removed)
+        # (run 9's block forms lost and were removed; the "mma" form wants stages to pipeline its key chunks, run 17)
+        forms = [("mma", 16, 1, 3), ("mma", 16, 1, 2), ("mma", 32, 1, 3), ("mma", 64, 4, 2), ("mma", 128, 4, 2)]
     tiles = lambda block: -(-dim // block)  # noqa: E731
     out = []
     name, shapes = main
     gdn = not isinstance(geometry, Mamba2Geometry)
     if hasattr(configs, name):
         candidates = [LaunchConfig(block, tiles(block), warps) for block, warps in shapes]
-        candidates += [LaunchConfig(block, tiles(block), warps, form=form) for form, block, warps in forms]
-        if gdn:  # programs looping over two tiles, reusing the token block
-            candidates.append(LaunchConfig(16, tiles(16) // 2, 1, form="mma"))
+        candidates += [LaunchConfig(block, tiles(block), warps, *stages, form=form) for form, block, warps, *stages in forms]
+        if gdn:  # programs looping over two tiles
+            candidates.append(LaunchConfig(16, tiles(16) // 2, 1, 3, form="mma"))
         out.append((name, getattr(configs, name), (dim, key_dim), candidates))
     flush_table = "_GDN_FLUSH" if gdn else "_MAMBA2_FLUSH"
     if hasattr(configs, flush_table):

@@ -236,6 +236,7 @@ VERIFY_VARIANTS = [
     # the token products as tensor-core dots (tf32x3), a program looping over two tiles and one per program
     pytest.param(LaunchConfig(16, 2, 1, form="mma"), None, None, id="block16-mma-loop"),
     pytest.param(LaunchConfig(32, 2, 2, form="mma"), None, None, id="block32-mma-2w"),
+    pytest.param(LaunchConfig(16, 3, 1, num_stages=3, form="mma"), None, None, id="block16-mma-3stages"),
 ]
 
 
@@ -332,6 +333,34 @@ def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, config, device):
             ref.commit(state[4], state[5], rows, accepted)
         for name, a, b in zip(("checkpoint", "ring_k", "ring_d", "ring_g"), ours[:4], theirs[:4]):
             assert rel_err(a, b) < tol, name
+        assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("stages", [1, 3])
+def test_mma_form_over_key_chunks(stages, device):
+    """The "mma" form sums its token products over key chunks of 32 columns: a key dimension of 80 gives
+    chunks 0-31 and 32-63 full, 64-95 partly masked and 96-127 empty (a power-of-two block of 128), on
+    value rows in a partial last tile (48 = 32 + 16), T = 4 and 6 with random accepted counts, over
+    several folds; with 1 and 3 pipeline stages."""
+    batch, key_heads, value_heads, key_dim, value_dim, window = 3, 1, 2, 80, 48, 8
+    config = LaunchConfig(32, 1, 2, num_stages=stages, form="mma")
+    gen = _gen()
+    rows = torch.tensor([2, 0, 1], device=device)
+    ours = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, device, gen)
+    theirs = [t.clone() for t in ours]
+    for step in range(6):
+        T = 4 + 2 * (step % 2)
+        q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
+        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
+        o = torch.full_like(v, float("nan"))
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, config=config)
+        assert rel_err(o, o_ref) < 1e-5
+        accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
+        for state in (ours, theirs):
+            ref.commit(state[4], state[5], rows, accepted)
+        for name, a, b in zip(("checkpoint", "ring_k", "ring_d", "ring_g"), ours[:4], theirs[:4]):
+            assert rel_err(a, b) < 1e-5, name
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
 
 

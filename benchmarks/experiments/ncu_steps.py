@@ -7,7 +7,9 @@ No timing here: run it under ``ncu`` (the clocks left alone), e.g.
         python3 benchmarks/experiments/ncu_steps.py --geometry gdn-16x32x128x128 --tokens 4
 
 ``--tokens 1`` runs decode steps (T = 1), more runs verify steps with 2 of T accepted (the speculative
-benchmark's cases, batch 256, window 16, staggered rows).
+benchmark's cases, batch 256, window 16, staggered rows). ``--all-fold`` (decode steps): every cursor is
+set to the window before each step, so every row folds (what ``generate()`` does every L steps);
+``--gdn-fold grid``: a GDN decode step's fold launch in its grid form instead of the table's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decode_kernels import GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, Case  # noqa: E402
+from decode_kernels import GDN_GRID_FOLD, GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, Case, StepVariant  # noqa: E402
 from spec_kernels import SpecCase  # noqa: E402
 
 
@@ -28,12 +30,24 @@ def main() -> None:
     ap.add_argument("--geometry", choices=list(GEOMETRIES), required=True)
     ap.add_argument("--tokens", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--all-fold", action="store_true", help="decode steps on which every row folds")
+    ap.add_argument("--gdn-fold", choices=["table", "grid"], default="table", help="a GDN decode step's fold launch")
     args = ap.parse_args()
+    if args.tokens != 1 and (args.all_fold or args.gdn_fold != "table"):
+        ap.error("--all-fold and --gdn-fold are for decode steps (--tokens 1)")
     geometry = GEOMETRIES[args.geometry]
     if args.tokens == 1:
         case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, "cuda")
         case.set_phase("staggered")
-        steps = case.replay_steps(None)
+        config = None
+        if args.gdn_fold == "grid":
+            from replayssm.ops.triton.configs import _GDN_DECODE_MAIN
+
+            config = StepVariant(_GDN_DECODE_MAIN[(geometry.value_dim, geometry.key_dim)], 3, flush=GDN_GRID_FOLD)
+        if args.all_fold:
+            steps = case.pinned_replay_steps(HEADLINE_WINDOW, HEADLINE_WINDOW, config)
+        else:
+            steps = case.replay_steps(config, via_op=config is None)
     else:
         case = SpecCase(geometry, HEADLINE_BATCH, args.tokens, "half")
         case.base.set_phase("staggered")

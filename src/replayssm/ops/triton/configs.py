@@ -108,13 +108,19 @@ _GDN_DECODE_MAIN = {
 # against 447.4 (16 / 32 rows on 1-2 warps and 64 rows on 4: 418.6-431.6); benchmarks/experiments/
 # gdn_verify_forms.py 17:4x, mma / per-token (16/32 and 16/64 heads): T = 2 1.23 / 1.22, T = 3 1.07 / 1.07,
 # T = 4 0.93 / 0.92, T = 6 0.63 / 0.61, T = 8 0.55 / 0.52 (its 16 token rows are mostly padding for short
-# drafts). At T = 1 it lost too (344-353 against 186 us per decode step, 16/32 heads).
-_GDN_VERIFY_SHORT_MAX_T = 3
+# drafts). At T = 1 it lost too (344-353 against 186 us per decode step, 16/32 heads). 2026-12-02 (run 17):
+# the form's [K; Q] S^T as dots over 32-column key chunks (each chunk loaded for its own dot, 3 stages
+# pipelining the loads), one 16-row tile per 1-warp program: T = 4, 2 of 4 accepted, 375-378 / 708 us per
+# verify step (16/32 / 16/64 heads) against 411-413 / 777 for whole-tile dots on two tiles per program; 1 or
+# 2 stages 460 / 414, 128-row 4-warp programs (2 stages) 380-383, 64-row 4-warp 399-415. By draft length
+# (gdn_verify_forms.py, same day), the chunked form / per-token: T = 2 1.12 / 1.12, T = 3 0.97 / 0.98, T = 4
+# 0.85 / 0.83, T = 8 0.49 / 0.47, so the per-token form keeps only T = 2.
+_GDN_VERIFY_SHORT_MAX_T = 2
 _GDN_VERIFY_SHORT = {
     (128, 128): LaunchConfig(block=8, split=16, num_warps=1),
 }
 _GDN_VERIFY = {
-    (128, 128): LaunchConfig(block=16, split=4, num_warps=1, form="mma"),
+    (128, 128): LaunchConfig(block=16, split=8, num_warps=1, num_stages=3, form="mma"),
 }
 # GDN fold launch of the three-launch step, decoding and verification (only rows whose ring cannot take T
 # more entries work; tl.dot: block >= 16). A form with R rows per program ("rows<R>", docs/kernels.md run 9)

@@ -402,10 +402,10 @@ def _gdn_weights_kernel(
 
 @triton.jit
 def _main_tile_mma(
-    p_ck_head, p_ring_row_d, p_v_row, i_v, c_eff,
+    p_ck_head, p_ring_row_d, p_v_row, p_KQ, m_KQ, i_v, c_eff,
     s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
-    b_KQ, b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_k, m_k, o_l, T, V,
-    BLOCK_V: tl.constexpr,
+    b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_l, T, V, K,
+    BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KC: tl.constexpr,
 ):  # fmt: skip
     """The main launch's ``"mma"`` form for one tile: the T tokens' products as ``tl.dot``s on the tensor
     cores, fp32 emulated by three tf32 products each (``input_precision="tf32x3"``: about 1e-6 relative
@@ -417,12 +417,27 @@ def _main_tile_mma(
     outside its T x T corner, so the B rows drop out) and ``O^T = P AB + Wo D^T`` (P moves row T + t to
     t). Rows >= T of D and O are zero. The per-token form's K-wide row sums are cross-lane shuffles,
     2T per tile row (Nsight Compute, T = 4: the launch issue-bound, docs/kernels.md run 13).
+
+    ``[K; Q] S^T`` is summed over key chunks of ``BLOCK_KC`` columns, each chunk of the checkpoint tile
+    and of the token block (``p_KQ``: a pointer per token row, unit stride along K) loaded for its own
+    dot: neither whole block sits in registers, and the launch's ``num_stages`` pipelines the chunk loads
+    (run 17: 293 against 330 us for whole-tile dots, T = 4, 16/32 heads).
     """
-    o_v, m_v, _, _, b_S, b_rd = _load_tile_ring(
-        p_ck_head, p_ring_row_d, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
-    )
-    b_AB = b_decays[:, None] * tl.dot(b_KQ, tl.trans(b_S), input_precision="tf32x3")
-    b_AB += tl.dot(b_W_ring, tl.trans(b_rd), input_precision="tf32x3")
+    o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_v = o_v < V
+    o_c = tl.arange(0, BLOCK_KC)
+    b_acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
+    for kc in range(0, BLOCK_K, BLOCK_KC):
+        m_c = (kc + o_c) < K
+        b_S = tl.load(
+            p_ck_head + o_v[:, None].to(tl.int64) * s_ck_v + (kc + o_c)[None, :] * s_ck_k, mask=m_v[:, None] & m_c[None, :], other=0.0
+        ).to(tl.float32)
+        b_KQ = tl.load(p_KQ[:, None] + (kc + o_c)[None, :], mask=m_KQ[:, None] & m_c[None, :], other=0.0)
+        b_acc = tl.dot(b_KQ, tl.trans(b_S), b_acc, input_precision="tf32x3")
+    b_rd = tl.load(
+        p_ring_row_d + o_l[None, :] * s_rd_l + o_v[:, None] * s_rd_v, mask=(o_l[None, :] < c_eff) & m_v[:, None], other=0.0
+    ).to(tl.float32)
+    b_AB = b_decays[:, None] * b_acc + tl.dot(b_W_ring, tl.trans(b_rd), input_precision="tf32x3")
     m_mv = (o_m[:, None] < T) & m_v[None, :]
     b_V = tl.load(p_v_row + o_m[:, None] * s_v_t + o_v[None, :] * s_v_v, mask=m_mv, other=0.0).to(tl.float32)
     b_D = tl.dot(b_N_m, b_V - b_AB, input_precision="tf32x3")
@@ -442,7 +457,7 @@ def _gdn_main_kernel(
     V, K, L, value_per_key,
     T: tl.constexpr, COMMIT: tl.constexpr, USE_PDL: tl.constexpr, MMA: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
-    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_KC: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 3, shaped like the conventional kernel: per tile of value rows, from one read
     of the checkpoint tile, the ring's d slice and the new v, the (rows, T) blocks
@@ -461,7 +476,7 @@ def _gdn_main_kernel(
     folded, was slower: docs/kernels.md run 11.)
 
     ``MMA`` (``LaunchConfig.form == "mma"``): the same products as tensor-core dots over ``BLOCK_M`` (16)
-    token rows, ``_main_tile_mma``; the token block is loaded once per program.
+    token rows, ``_main_tile_mma``, over key chunks of ``BLOCK_KC`` columns.
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_kh = i_h // value_per_key
@@ -495,9 +510,7 @@ def _gdn_main_kernel(
         m_key = o_m < T
         m_used = o_m < 2 * T
         t_of_m = tl.where(m_key, o_m, o_m - T)
-        b_KQ = tl.load(
-            p_qk_row + (t_of_m * s_qk_t + tl.where(m_key, 0, s_qk_i))[:, None] + o_k[None, :], mask=m_used[:, None] & m_k[None, :], other=0.0
-        )
+        p_KQ = p_qk_row + (t_of_m * s_qk_t + tl.where(m_key, 0, s_qk_i))
         p_w_m = p_w_row + t_of_m * s_w_t
         b_W_ring = tl.load(p_w_m[:, None] + tl.where(m_key, 0, L)[:, None] + o_l[None, :], mask=m_used[:, None] & m_ring[None, :], other=0.0)
         b_decays = tl.load(p_w_m + (2 * L + 2 * T), mask=m_used, other=0.0)
@@ -513,8 +526,8 @@ def _gdn_main_kernel(
     for i_v in range(i_s, NUM_TILES, SPLIT):
         if MMA:
             o_v, m_mv, b_Dm, b_Om = _main_tile_mma(
-                p_ck_head, p_ring_row_d, p_v_row, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
-                b_KQ, b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_k, m_k, o_l, T, V, BLOCK_V,
+                p_ck_head, p_ring_row_d, p_v_row, p_KQ, m_used, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
+                b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_l, T, V, K, BLOCK_V, BLOCK_M, BLOCK_K, BLOCK_KC,
             )  # fmt: skip
             tl.store(p_o_row + o_m[:, None] * s_o_t + o_v[None, :] * s_o_v, b_Om.to(p_o.dtype.element_ty), mask=m_mv)
             tl.store(
@@ -658,6 +671,11 @@ def _gdn_conventional_kernel(
 # ---------------------------------------------------------------------------
 
 
+#: Key columns per dot of the main launch's "mma" form (_main_tile_mma). Run 17 (T = 4, 16/32 heads):
+#: 32 with 3 stages 375-378 us per verify step, 16 on 32-row tiles 381-382, whole-tile dots 411-413.
+_MMA_KEY_CHUNK = 32
+
+
 def _scale(scale: float | None, key_dim: int) -> float:
     return key_dim**-0.5 if scale is None else float(scale)
 
@@ -792,7 +810,7 @@ def _gdn_three_launches(
             V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit,
             USE_PDL=use_pdl, MMA=mma,
             BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16) if mma else block_l, BLOCK_T=block_t,
-            BLOCK_M=max(16, next_pow2(2 * num_tokens)), NUM_TILES=num_tiles, SPLIT=split,
+            BLOCK_M=max(16, next_pow2(2 * num_tokens)), NUM_TILES=num_tiles, SPLIT=split, BLOCK_KC=min(_MMA_KEY_CHUNK, block_k),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later,
         )  # fmt: skip
 

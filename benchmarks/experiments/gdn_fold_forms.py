@@ -1,0 +1,125 @@
+"""Experiment: shapes of the GDN decode step's fold launch, timed with rows staggered and in phase.
+
+Why: the fold launch's table entry (a work list of a few programs per multiprocessor) was chosen on
+staggered rows, where about B / L rows fold per step. In ``generate()`` every row of a batch folds on
+the same step, and there the work list's few programs hold few bytes in flight. For each fold-launch
+shape (the main and weights launches as in the tables), at batch 256, window 16, fp32 state, bf16
+inputs, this checks one step with every row folding against the reference and times (16 steps in one
+CUDA graph, median of repeats, us per step):
+
+* ``staggered``: rows at cursors r mod 16 (what ``decode_kernels.py`` reports as the headline);
+* ``in_phase``: every row at cursor 0, so all fold on the 16th step (amortised over the 16);
+* ``all_fold``: one step with every row folding (each step preceded by a 256-int cursor reset);
+* ``no_fold``: one step with no row folding (cursors reset to 15), the fold launch's cost when idle.
+
+    PYTHONPATH=src python3 benchmarks/experiments/gdn_fold_forms.py --out $OUT/fold_forms.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import format_table, streaming_bandwidth, time_graph_per_step  # noqa: E402
+from decode_kernels import GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, Case, StepVariant, check_failure  # noqa: E402
+
+from replayssm.ops.triton.configs import _GDN_DECODE_MAIN, LaunchConfig  # noqa: E402
+
+
+def _worklist(block, split, warps, per_sm, stages=1):
+    return LaunchConfig(block, split, warps, num_stages=stages, form="worklist", programs_per_sm=per_sm)
+
+
+# (block, split, warps, programs per SM[, stages]); the table's entry first.
+FOLDS = [
+    _worklist(16, 2, 4, 3),
+    _worklist(16, 2, 4, 4),
+    _worklist(16, 2, 4, 6),
+    _worklist(16, 2, 4, 3, stages=2),
+    _worklist(16, 8, 4, 4),
+    _worklist(16, 8, 2, 8),
+    _worklist(32, 2, 4, 3),
+    _worklist(32, 4, 4, 4),
+    _worklist(64, 2, 4, 2),
+    _worklist(64, 2, 4, 3),
+    _worklist(64, 2, 8, 2),
+    _worklist(64, 2, 8, 3),
+    _worklist(128, 1, 8, 2),
+    LaunchConfig(16, 1, 4),
+    LaunchConfig(64, 2, 4),
+]
+
+
+def measure(name, fold, repeats, log) -> dict:
+    geometry = GEOMETRIES[name]
+    case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, "cuda", conventional=False)
+    main = _GDN_DECODE_MAIN[(geometry.value_dim, geometry.key_dim)]
+    variant = StepVariant(main, 3, flush=fold, overlap=True)
+    row = {"geometry": name, "fold": str(fold)}
+    try:
+        # the check: every row folds (cursors at L), against the reference
+        case.state.cursor.fill_(HEADLINE_WINDOW)
+        row["check_all_fold"] = case.check_replay(variant)
+        case.set_phase("staggered")
+        row["check_staggered"] = case.check_replay(variant)
+        for check in ("check_all_fold", "check_staggered"):
+            if failure := check_failure(row[check]):
+                raise RuntimeError(f"{check}: {failure}")
+        row["staggered_us"] = time_graph_per_step(case.replay_steps(variant, via_op=False), repeats)
+        case.set_phase("in-phase")
+        row["in_phase_us"] = time_graph_per_step(case.replay_steps(variant, via_op=False), repeats)
+        row["all_fold_us"] = time_graph_per_step(case.pinned_replay_steps(HEADLINE_WINDOW, HEADLINE_WINDOW, variant), repeats)
+        row["no_fold_us"] = time_graph_per_step(case.pinned_replay_steps(HEADLINE_WINDOW - 1, HEADLINE_WINDOW, variant), repeats)
+    except Exception as exc:  # noqa: BLE001 - a shape that does not compile, or is wrong, is a result too
+        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    log(json.dumps(row))
+    del case
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--geometries", nargs="+", default=["gdn-16x32x128x128", "gdn-16x64x128x128"])
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--alternations", type=int, default=2, help="times through the list (the order alternates runs)")
+    ap.add_argument("--folds", type=int, nargs="+", help="indices into FOLDS (default: all)")
+    args = ap.parse_args()
+    folds = [FOLDS[i] for i in args.folds] if args.folds else FOLDS
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    bw, _ = streaming_bandwidth()
+    log(f"streaming bandwidth {bw / 1e12:.3f} TB/s")
+    rows = []
+    for rep in range(args.alternations):
+        for name in args.geometries:
+            for fold in folds if rep % 2 == 0 else folds[::-1]:
+                rows.append({"pass": rep, **measure(name, fold, args.repeats, log)})
+    columns = [
+        ("geometry", "geometry", ""), ("fold", "fold launch", ""), ("pass", "pass", ""), ("staggered_us", "staggered", ".1f"),
+        ("in_phase_us", "in-phase", ".1f"), ("all_fold_us", "all fold", ".1f"), ("no_fold_us", "no fold", ".1f"),
+    ]  # fmt: skip
+    print(format_table([r for r in rows if "error" not in r], columns))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['geometry']} {r['fold']}: {r['error']}")
+    if args.out:
+        meta = {
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "bandwidth_Bps": bw,
+            "command": " ".join(sys.argv),
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
