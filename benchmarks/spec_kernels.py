@@ -168,7 +168,7 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         # several tiles too (2026-12-01, split 8 / 4: 530.9 / 506.1 against 454.2).
         main = ("_GDN_VERIFY", [(8, 1), (16, 1)])
         # (run 9's block forms lost and were removed; the "mma" form wants stages to pipeline its key chunks, run 17)
-        forms = [("mma", 16, 1, 3), ("mma", 16, 1, 2), ("mma", 32, 1, 3), ("mma", 64, 4, 2), ("mma", 128, 4, 2)]
+        forms = [("mma", 16, 1, 3), ("mma", 16, 1, 4), ("mma", 16, 1, 2), ("mma", 32, 1, 3), ("mma", 32, 2, 3), ("mma", 64, 4, 2), ("mma", 128, 4, 2)]
     tiles = lambda block: -(-dim // block)  # noqa: E731
     out = []
     name, shapes = main

@@ -35,7 +35,8 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
    no token waits on another's d through memory. Writes the outputs and the
    d entries (one block store each), never the state. One program per row
    moves the cursor. Its ``"mma"`` form (the verification table's for drafts
-   of 4 tokens or more) forms these products as tensor-core dots in tf32x3.
+   of 3 tokens or more) forms these products as tensor-core dots in tf32x3,
+   the checkpoint product over key chunks whose loads are pipelined.
 
 
 Launches are ordered, which is the only synchronisation between them: each
