@@ -3,8 +3,8 @@
 Times verify + commit steps (batch 256, window 16, fp32 state, 2 of every 4 drafts accepted, staggered rows,
 the speculative benchmark's cases), side by side in one run on the GPU, with the main launch (``_GDN_VERIFY``)
 in its per-token form (one 8-row tile per 1-warp program: ``_GDN_VERIFY_SHORT``'s) and in its ``"mma"``
-form (tensor-core dots in tf32x3 over 32-column key chunks, one 16-row tile per 1-warp program, 3 stages:
-``_GDN_VERIFY``'s since 2026-12-02), for
+form (tensor-core dots in tf32x3 over 32-column key chunks, 32-row tiles on one warp, 4 stages:
+``_GDN_VERIFY``'s since 2026-12-02; the 03:28 run of that day had 16-row tiles on 3 stages), for
 T = 2..8 and both GDN geometries (both tables set to the form timed). Each point's first step is checked against the PyTorch reference first (outputs,
 ring, checkpoint). Prints a table; ``--out`` writes JSON.
 
@@ -31,7 +31,7 @@ from replayssm.ops.triton.configs import LaunchConfig  # noqa: E402
 
 FORMS = {
     "per-token 8x1w": LaunchConfig(8, 16, 1),
-    "mma 16x1w 3 stages": LaunchConfig(16, 8, 1, num_stages=3, form="mma"),
+    "mma 32x1w 4 stages": LaunchConfig(32, 4, 1, num_stages=4, form="mma"),
 }
 
 
@@ -59,7 +59,7 @@ def main() -> None:
                         raise RuntimeError(f"{name} T={T} {form}: {failure}")
                     point[form] = time_graph_per_step(case.replay_steps(), args.repeats)
                     point[f"{form} errors"] = errors
-                point["mma / per-token"] = point["mma 16x1w 3 stages"] / point["per-token 8x1w"]
+                point["mma / per-token"] = point["mma 32x1w 4 stages"] / point["per-token 8x1w"]
                 rows.append(point)
                 print(f"{name} T={T}: " + ", ".join(f"{f} {point[f]:.1f} us" for f in FORMS) + f" (ratio {point['mma / per-token']:.3f})", flush=True)
                 del case

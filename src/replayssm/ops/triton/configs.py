@@ -114,13 +114,16 @@ _GDN_DECODE_MAIN = {
 # verify step (16/32 / 16/64 heads) against 411-413 / 777 for whole-tile dots on two tiles per program; 1 or
 # 2 stages 460 / 414, 128-row 4-warp programs (2 stages) 380-383, 64-row 4-warp 399-415. By draft length
 # (gdn_verify_forms.py, same day), the chunked form / per-token: T = 2 1.12 / 1.12, T = 3 0.97 / 0.98, T = 4
-# 0.85 / 0.83, T = 8 0.49 / 0.47, so the per-token form keeps only T = 2.
+# 0.85 / 0.83, T = 8 0.49 / 0.47, so the per-token form keeps only T = 2. Then 32-row tiles on one warp with
+# 4 stages: T = 4 338.1-339.6 / 624.7 us (2 of 4), 375.0 (4 of 4, 16/32) against 377-378 / 708 and 415; T = 3
+# 321.8 against 345.2, T = 8 464.2 against 496.3 (16/32); 16 rows on 4 / 5 stages 370-372 / 416-417, 32 rows
+# on 2 warps (3 stages) 372, 32 rows on 5 / 6 stages 352 / 377, 64 rows on 1 warp (4 stages) 375.
 _GDN_VERIFY_SHORT_MAX_T = 2
 _GDN_VERIFY_SHORT = {
     (128, 128): LaunchConfig(block=8, split=16, num_warps=1),
 }
 _GDN_VERIFY = {
-    (128, 128): LaunchConfig(block=16, split=8, num_warps=1, num_stages=3, form="mma"),
+    (128, 128): LaunchConfig(block=32, split=4, num_warps=1, num_stages=4, form="mma"),
 }
 # GDN fold launch of the three-launch step, decoding and verification (only rows whose ring cannot take T
 # more entries work; tl.dot: block >= 16). A form with R rows per program ("rows<R>", docs/kernels.md run 9)

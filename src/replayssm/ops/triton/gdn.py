@@ -672,8 +672,8 @@ def _gdn_conventional_kernel(
 # ---------------------------------------------------------------------------
 
 
-#: Key columns per dot of the main launch's "mma" form (_main_tile_mma). Run 17 (T = 4, 16/32 heads):
-#: 32 with 3 stages 375-378 us per verify step, 16 on 32-row tiles 381-382, whole-tile dots 411-413.
+#: Key columns per dot of the main launch's "mma" form (_main_tile_mma). Run 17 (T = 4, 16/32 heads, 16-row
+#: tiles): 32 with 3 stages 375-378 us per verify step, 16 on 32-row tiles 381-382, whole-tile dots 411-413.
 _MMA_KEY_CHUNK = 32
 
 
