@@ -116,10 +116,15 @@ def _load_tile_ring(p_ck_head, p_ring_row_d, i_v, n_ring, s_ck_v, s_ck_k, s_rd_l
     """Tile ``i_v`` of a checkpoint head and the ring's d entries ``< n_ring`` of its rows, ``(rows, entries)``, in fp32."""
     o_v, m_v, p_tile, m_tile = _ckpt_tile(p_ck_head, i_v, s_ck_v, s_ck_k, o_k, m_k, V, BLOCK_V)
     b_S = tl.load(p_tile, mask=m_tile, other=0.0).to(tl.float32)
-    b_rd = tl.load(
+    return o_v, m_v, p_tile, m_tile, b_S, _ring_d_slice(p_ring_row_d, o_v, m_v, n_ring, s_rd_l, s_rd_v, o_l)
+
+
+@triton.jit
+def _ring_d_slice(p_ring_row_d, o_v, m_v, n_ring, s_rd_l, s_rd_v, o_l):
+    """The ring's d entries ``< n_ring`` of value rows ``o_v``, ``(rows, entries)``, in fp32."""
+    return tl.load(
         p_ring_row_d + o_l[None, :] * s_rd_l + o_v[:, None] * s_rd_v, mask=(o_l[None, :] < n_ring) & m_v[:, None], other=0.0
     ).to(tl.float32)
-    return o_v, m_v, p_tile, m_tile, b_S, b_rd
 
 
 @triton.jit
@@ -435,9 +440,7 @@ def _main_tile_mma(
         ).to(tl.float32)
         b_KQ = tl.load(p_KQ[:, None] + (kc + o_c)[None, :], mask=m_KQ[:, None] & m_c[None, :], other=0.0)
         b_acc = tl.dot(b_KQ, tl.trans(b_S), b_acc, input_precision="tf32x3")
-    b_rd = tl.load(
-        p_ring_row_d + o_l[None, :] * s_rd_l + o_v[:, None] * s_rd_v, mask=(o_l[None, :] < c_eff) & m_v[:, None], other=0.0
-    ).to(tl.float32)
+    b_rd = _ring_d_slice(p_ring_row_d, o_v, m_v, c_eff, s_rd_l, s_rd_v, o_l)
     b_AB = b_decays[:, None] * b_acc + tl.dot(b_W_ring, tl.trans(b_rd), input_precision="tf32x3")
     m_mv = (o_m[:, None] < T) & m_v[None, :]
     b_V = tl.load(p_v_row + o_m[:, None] * s_v_t + o_v[None, :] * s_v_v, mask=m_mv, other=0.0).to(tl.float32)
