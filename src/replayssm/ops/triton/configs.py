@@ -128,6 +128,8 @@ _GDN_VERIFY = {
 # GDN fold launch of the three-launch step, decoding and verification (only rows whose ring cannot take T
 # more entries work; tl.dot: block >= 16). A form with R rows per program ("rows<R>", docs/kernels.md run 9)
 # tied in decoding (201.2 against 204.2 us) and lost in verification (472-495 against 462 us); removed.
+# spec_kernels --sweep 2026-12-02 05:50 (T = 4): a whole head per program 343.3 us, half / quarter heads 348.5 /
+# 363.1, one tile 390.3.
 _GDN_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
 }
@@ -143,7 +145,11 @@ _GDN_FLUSH = {
 # on which every row folds costs more with it (637 / 1232 against 508 / 974 us): the few programs then
 # work through every item. 2026-12-01 14:13 (with overlapping launches): items of half a head (split 2: 4 of
 # its 8 fold tiles each, twice the items in flight) on 3 programs per multiprocessor 186.9 / 352.2 against
-# 189.9 / 356.7 for whole heads on 2 (4 programs: 193.0 / 368.0; grid form 192.8 / 354.8).
+# 189.9 / 356.7 for whole heads on 2 (4 programs: 193.0 / 368.0; grid form 192.8 / 354.8). 2026-12-02 (run 18):
+# no fold launch, the fold as the main launch's first programs (a work list on 1-warp programs, finishing the
+# folded rows' tokens) lost in decoding, 261-269 / 502-520 us against 201-202 / 387-389, and in verification
+# (T = 4, 2 of 4) 398-433 / 743-803 against 336-337 / 627-630: the fold's registers ride along in every tile
+# program of the launch. Not merged (benchmarks/data/h200/gdn-merged-fold-attempt-2026-12-02.diff).
 _GDN_DECODE_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=2, num_warps=4, form="worklist", programs_per_sm=3),
 }
