@@ -406,6 +406,9 @@ SWEEP_REPLAY = {
         *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD, overlap=overlap) for overlap in (False, True)),
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD_WHOLE_HEADS, overlap=True),
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD, overlap=True),
+        # the fold launch after the weights launch, beside the main launch, finishing the rows it folds
+        # ("alongside", docs/kernels.md run 19: 1.7-1.9% ahead of the table's on 2026-12-02, in one run)
+        StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=2), overlap=True),
         # (the main launch's "mma" form, verification's from T = 4 on: 344-353 / 663-684 us on 2026-12-01, 16 / 32
         # rows; its 16 token rows are padding but one at T = 1)
     ],

@@ -179,11 +179,21 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_verify_commit_tracks_float64_recurrence(device):
+@pytest.mark.parametrize(
+    "config, flush_config",
+    [
+        pytest.param(None, None, id="tables"),
+        pytest.param(
+            LaunchConfig(16, 1, 1, num_stages=2, form="mma"), LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), id="mma-alongside-fold"
+        ),
+    ],
+)
+def test_verify_commit_tracks_float64_recurrence(config, flush_config, device):
     """T = 2..4 tokens per launch, two value heads per key head, each row with its own number of real
     drafts (1..T; the rest is padding, never accepted), random accepted counts: outputs and
     materialize() vs the float64 recurrence over accepted tokens only; ring, checkpoint and cursors vs
-    the reference, across flushes (launches where some rows fold and others do not)."""
+    the reference, across flushes (launches where some rows fold and others do not). With the tables'
+    launches, and with the fold launch beside the main launch ("alongside") under the "mma" form."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 3, 2, 4, 32, 16, 6
     gen = _gen()
     rows = torch.tensor([2, 0, 1], device=device)
@@ -201,7 +211,7 @@ def test_verify_commit_tracks_float64_recurrence(device):
         mixed += _mixed(ours[4][rows], T, window)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, config=config, flush_config=flush_config)
         assert rel_err(o, o_ref) < 1e-5
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])  # T entries pending
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
@@ -233,6 +243,14 @@ VERIFY_VARIANTS = [
     # the fold launch as a work list: 2 programs (on the CPU) loop over the folding (row, head, tile group) items
     pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=1), None, id="block8-worklist-fold"),
     pytest.param(LaunchConfig(16, 3, 1), LaunchConfig(32, 2, 4, form="worklist", programs_per_sm=1), None, id="block16-worklist-fold-split2"),
+    # the fold launch beside the main launch ("alongside": it also finishes the rows it folds and appends
+    # their keys), per-token and mma main launches, whole and half heads per item
+    pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), None, id="block8-alongside-fold"),
+    pytest.param(LaunchConfig(16, 3, 2), LaunchConfig(16, 2, 2, form="alongside", programs_per_sm=3), None, id="block16-alongside-fold-split2"),
+    pytest.param(
+        LaunchConfig(32, 2, 1, num_stages=4, form="mma"), LaunchConfig(32, 2, 4, form="alongside", programs_per_sm=1), None,
+        id="block32-mma-alongside-fold-split2",
+    ),
     # the token products as tensor-core dots (tf32x3), a program looping over two tiles and one per program
     pytest.param(LaunchConfig(16, 2, 1, form="mma"), None, None, id="block16-mma-loop"),
     pytest.param(LaunchConfig(32, 2, 2, form="mma"), None, None, id="block32-mma-2w"),
@@ -292,17 +310,25 @@ def test_bad_form_raises_before_any_launch(config, flush_config, weights_config,
     assert all(torch.equal(a, b) for a, b in zip(state, before))
 
 
-def test_mma_form_needs_tiles_of_16_rows():
-    """The main launch's "mma" form (tl.dot) on 8-row tiles is refused before the first launch, state intact."""
+@pytest.mark.parametrize(
+    "config, flush_config, message",
+    [
+        pytest.param(LaunchConfig(8, 2, 1, form="mma"), None, "'mma' form needs tiles of >= 16 rows", id="mma-main"),
+        pytest.param(None, LaunchConfig(8, 2, 4, form="alongside"), "fold needs tiles of >= 16 rows", id="fold"),
+    ],
+)
+def test_dot_forms_need_tiles_of_16_rows(config, flush_config, message):
+    """The main launch's "mma" form and the fold (tl.dot) on 8-row tiles are refused before the first
+    launch, state intact."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 8
     gen = _gen()
     state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, "cpu", gen)
     q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, "cpu", gen, num_tokens=4)
     before = [t.clone() for t in state]
-    with pytest.raises(ValueError, match="'mma' form needs tiles of >= 16 rows"):
+    with pytest.raises(ValueError, match=message):
         kernels.gdn_step_out(
             q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v),
-            config=LaunchConfig(8, 2, 1, form="mma"),
+            config=config, flush_config=flush_config,
         )  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(state, before))
 

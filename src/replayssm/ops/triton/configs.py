@@ -149,7 +149,11 @@ _GDN_FLUSH = {
 # no fold launch, the fold as the main launch's first programs (a work list on 1-warp programs, finishing the
 # folded rows' tokens) lost in decoding, 261-269 / 502-520 us against 201-202 / 387-389, and in verification
 # (T = 4, 2 of 4) 398-433 / 743-803 against 336-337 / 627-630: the fold's registers ride along in every tile
-# program of the launch. Not merged (benchmarks/data/h200/gdn-merged-fold-attempt-2026-12-02.diff).
+# program of the launch. Not merged (benchmarks/data/h200/gdn-merged-fold-attempt-2026-12-02.diff). Run 19:
+# the fold launch after the weights launch and beside the main launch, finishing its rows ("alongside"), on
+# 2 programs per multiprocessor: 183.6-184.4 / 344.2-344.5 against 187.0-187.2 / 350.9-351.3 in one run; not
+# in the table until the CUDA and HF tests have run with it (verification, T = 4: 386-471 / 728-891 against
+# 337-378 / 632-702, so _GDN_FLUSH keeps the grid).
 _GDN_DECODE_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=2, num_warps=4, form="worklist", programs_per_sm=3),
 }

@@ -19,7 +19,10 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
    the checkpoint dtype); every other program exits after reading its
    cursor. The only checkpoint write. Its "worklist" form (the decoding
    table's) has a fixed grid of a few programs per multiprocessor looping
-   over the folding rows' items instead.
+   over the folding rows' items instead. Its "alongside" form
+   (``_gdn_fold_finish_kernel``, in no table yet) is launched after launch 2
+   and runs beside launch 3: it also finishes the rows it folds and appends
+   their keys, and launch 3 skips them without waiting for it.
 2. ``_gdn_weights_kernel`` over (key head, row): the key-side products, once
    per key head for its value heads, into a scratch of per-token weights
    (ring, causal of o, checkpoint decay) and the T x T matrix
@@ -259,6 +262,20 @@ def _gdn_flush_kernel(
 
 
 @triton.jit
+def _fold_weights(p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, s_rk_h, s_rk_k, s_rg_s, s_rg_l, s_rg_h, o_k, m_k, o_l):
+    """What a fold of a row's ``cur`` ring entries needs besides the d entries: the key head's ring keys
+    (entries, K) and, for the value head, the fold weights ``exp(suffix_i)`` and the checkpoint decay
+    ``exp(sum g)``, in fp32 (zero past the history)."""
+    m_hist = o_l < cur
+    b_rg = tl.load(p_ring_g + slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l, mask=m_hist, other=0.0).to(tl.float32)
+    b_rk = tl.load(
+        p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h + o_l[:, None] * s_rk_l + o_k[None, :] * s_rk_k,
+        mask=m_hist[:, None] & m_k[None, :], other=0.0,
+    ).to(tl.float32)
+    return b_rk, tl.where(m_hist, tl.exp(suffix_sums(b_rg, o_l)), 0.0), tl.exp(tl.sum(b_rg, axis=0))
+
+
+@triton.jit
 def _gdn_fold_head(
     p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
@@ -276,14 +293,9 @@ def _gdn_fold_head(
         o_k = tl.arange(0, BLOCK_K)
         o_l = tl.arange(0, BLOCK_L)
         m_k = o_k < K
-        m_hist = o_l < cur
-        b_rg = tl.load(p_ring_g + slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l, mask=m_hist, other=0.0).to(tl.float32)
-        b_rk = tl.load(
-            p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h + o_l[:, None] * s_rk_l + o_k[None, :] * s_rk_k,
-            mask=m_hist[:, None] & m_k[None, :], other=0.0,
-        ).to(tl.float32)
-        b_wf = tl.where(m_hist, tl.exp(suffix_sums(b_rg, o_l)), 0.0)
-        b_decay_f = tl.exp(tl.sum(b_rg, axis=0))
+        b_rk, b_wf, b_decay_f = _fold_weights(
+            p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, s_rk_h, s_rk_k, s_rg_s, s_rg_l, s_rg_h, o_k, m_k, o_l
+        )
         p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
         p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
         for i_v in range(i_s, NUM_TILES, SPLIT):
@@ -296,7 +308,7 @@ def _gdn_fold_head(
 
 @triton.jit
 def _gdn_weights_kernel(
-    p_q, p_k, p_g, p_beta, p_ring_k, p_ring_g, p_cursor, p_rows, p_w, p_qk, p_pos,
+    p_q, p_k, p_g, p_beta, p_ring_k, p_ring_g, p_cursor, p_rows, p_w, p_qk, p_pos, p_arrive,
     s_q_b, s_q_t, s_q_h, s_q_k,
     s_k_b, s_k_t, s_k_h, s_k_k,
     s_g_b, s_g_t, s_g_h,
@@ -306,7 +318,7 @@ def _gdn_weights_kernel(
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     K, L, value_per_key, scale,
-    T: tl.constexpr, L2NORM: tl.constexpr, USE_PDL: tl.constexpr,
+    T: tl.constexpr, L2NORM: tl.constexpr, USE_PDL: tl.constexpr, ALONGSIDE: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 2, one program per (key head, row): the main launch's weights, and the append.
@@ -330,6 +342,11 @@ def _gdn_weights_kernel(
     nothing launch 1 writes (the checkpoint) and writes only scratch before it waits; the append, which
     overwrites ring entries a folding row's fold reads, comes after the wait. It lets launch 3 start at
     once: launch 3 waits for this launch, which ends only after launch 1 has.
+
+    ``ALONGSIDE`` (the fold launch's ``"alongside"`` form, launched after this one): this is the step's
+    first launch, a plain one, and waits for nothing. A row that folds gets ``pos = -1 - cursor`` and
+    no append here (its fold, after this launch, still has to read the old entries); the fold launch's
+    counts ``arrive[row, key head]`` are zeroed.
     """
     allow_next_launch(USE_PDL)
     i_kh, i_b = tl.program_id(0), tl.program_id(1)
@@ -394,8 +411,18 @@ def _gdn_weights_kernel(
         tl.store(p_w_t[:, None] + (2 * L + T) + o_t[None, :], b_wq_new, mask=m_jt)
         tl.store(p_w_t + (2 * L + 2 * T), tl.exp(b_ring_total + b_cum_t), mask=m_j)
     # Append: the T keys (this key head) and log-decays (its value heads) at ring positions c .. c + T - 1,
-    # once launch 1 (which reads a folding row's old entries) has finished.
-    wait_for_previous_launch(USE_PDL)
+    # once launch 1 (which reads a folding row's old entries) has finished; alongside, for the rows that do
+    # not fold (the fold launch appends for the others).
+    if ALONGSIDE:
+        # (tokens,) by a vector compare: the interpreter turns a bool block & a scalar compare into int32
+        b_appends = (cur + T + o_t * 0) <= L
+        m_tk = m_tk & b_appends[:, None]
+        m_jt = m_jt & b_appends[None, :]
+        tl.store(p_arrive + i_b * tl.num_programs(0) + i_kh, 0)
+        tl.store(p_pos + i_b, tl.where(cur + T <= L, cur, -1 - cur), mask=i_kh == 0)
+    else:
+        wait_for_previous_launch(USE_PDL)
+        tl.store(p_pos + i_b, c_eff, mask=i_kh == 0)
     tl.store(
         p_ring_k + slot * s_rk_s + (c_eff + o_t[:, None]) * s_rk_l + i_kh64 * s_rk_h + o_k[None, :] * s_rk_k,
         b_K.to(p_ring_k.dtype.element_ty), mask=m_tk,
@@ -403,7 +430,6 @@ def _gdn_weights_kernel(
     tl.store(
         p_ring_g + slot * s_rg_s + (c_eff + o_t[None, :]) * s_rg_l + o_h[:, None] * s_rg_h, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt
     )
-    tl.store(p_pos + i_b, c_eff, mask=i_kh == 0)
 
 
 @triton.jit
@@ -459,7 +485,7 @@ def _gdn_main_kernel(
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key,
-    T: tl.constexpr, COMMIT: tl.constexpr, USE_PDL: tl.constexpr, MMA: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr, USE_PDL: tl.constexpr, MMA: tl.constexpr, ALONGSIDE: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_KC: tl.constexpr,
 ):  # fmt: skip
@@ -481,13 +507,25 @@ def _gdn_main_kernel(
 
     ``MMA`` (``LaunchConfig.form == "mma"``): the same products as tensor-core dots over ``BLOCK_M`` (16)
     token rows, ``_main_tile_mma``, over key chunks of ``BLOCK_KC`` columns.
+
+    ``ALONGSIDE`` (the fold launch's ``"alongside"`` form): launched after the fold launch and run beside
+    it, without waiting: that launch folds and finishes the rows marked ``pos < 0``, whose tiles are
+    skipped here (one program still moves the cursor), and writes nothing else this launch reads. This
+    launch starts only after the weights launch has finished (the fold launch's programs let it start
+    after their wait for that launch). Its last program waits for the fold launch before it ends.
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_kh = i_h // value_per_key
     i_h64, i_kh64, i_b64 = i_h.to(tl.int64), i_kh.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
-    wait_for_previous_launch(USE_PDL)
-    c_eff = tl.load(p_pos + i_b)
+    if ALONGSIDE:
+        c_eff = tl.load(p_pos + i_b)
+        tiles_end = tl.where(c_eff < 0, 0, NUM_TILES)
+        c_eff = tl.maximum(c_eff, 0)  # a folded row's ring holds the T new entries from position 0
+    else:
+        wait_for_previous_launch(USE_PDL)
+        c_eff = tl.load(p_pos + i_b)
+        tiles_end = NUM_TILES
     if (i_s == 0) & (i_h == 0):
         if COMMIT:
             tl.store(p_cursor + slot, c_eff + T)
@@ -527,7 +565,7 @@ def _gdn_main_kernel(
         p_w_tt = p_w_row + o_t[:, None] * s_w_t + o_t[None, :]
         b_N = tl.load(p_w_tt + 2 * L, mask=m_t[:, None] & m_t[None, :], other=0.0)
         b_Wq = tl.load(p_w_tt + (2 * L + T), mask=m_t[:, None] & m_t[None, :], other=0.0)
-    for i_v in range(i_s, NUM_TILES, SPLIT):
+    for i_v in range(i_s, tiles_end, SPLIT):
         if MMA:
             o_v, m_mv, b_Dm, b_Om = _main_tile_mma(
                 p_ck_head, p_ring_row_d, p_v_row, p_KQ, m_used, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
@@ -567,6 +605,147 @@ def _gdn_main_kernel(
             tl.store(
                 p_ring_row_d + (c_eff + o_t[None, :]) * s_rd_l + o_v[:, None] * s_rd_v, b_D.to(p_ring_d.dtype.element_ty), mask=m_vt
             )
+    if ALONGSIDE:
+        # The grid's last program waits for the fold launch, so that this launch ends after it (a launch
+        # that waits for nothing could end first; programmatic dependent launch orders by the wait).
+        if (i_s == tl.num_programs(0) - 1) & (i_h == tl.num_programs(1) - 1) & (i_b == tl.num_programs(2) - 1):
+            wait_for_previous_launch(USE_PDL)
+
+
+@triton.jit
+def _token_mixing(p_w_row, s_w_t, o_t, m_t, L, T: tl.constexpr):
+    """The weights launch's (T, T) blocks for one (row, value head): N (``d = N (v - a)``) and W' (the
+    causal weights of o)."""
+    p_w_tt = p_w_row + o_t[:, None] * s_w_t + o_t[None, :]
+    m_tt = m_t[:, None] & m_t[None, :]
+    return tl.load(p_w_tt + 2 * L, mask=m_tt, other=0.0), tl.load(p_w_tt + (2 * L + T), mask=m_tt, other=0.0)
+
+
+@triton.jit
+def _tokens_from_folded_tile(
+    b_S, p_w_row, p_qk_row, p_v_row, o_v, m_v, o_k, m_k, o_t, m_t, b_N, b_Wq, s_w_t, s_qk_t, s_qk_i, s_v_t, s_v_v, L,
+    T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """The per-token form for a tile just folded (rows, K; fp32, the ring empty): the corrected updates
+    D and outputs O of the T tokens, (rows, T) each, from the checkpoint part alone. Per token the
+    columns ``decay_t S k_t`` and ``decay_t S q_t`` of A and B, then ``D = (V - A) N^T`` and
+    ``O = B + D W'^T`` as (rows, T, T) products summed over the last axis.
+
+    The main launch's per-token form does the same with the ring's part added, written out in place:
+    run 18's build, with that body moved into a helper like this one (its loads in another order),
+    took 166.7 against 150.3 us for the decode main launch."""
+    b_A = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
+    b_B = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)
+    for t in tl.static_range(T):
+        b_decay = tl.load(p_w_row + t * s_w_t + (2 * L + 2 * T))
+        b_k_t = tl.load(p_qk_row + t * s_qk_t + o_k, mask=m_k, other=0.0)
+        b_q_t = tl.load(p_qk_row + s_qk_i + t * s_qk_t + o_k, mask=m_k, other=0.0)
+        b_A = tl.where(o_t[None, :] == t, b_decay * tl.sum(b_S * b_k_t[None, :], axis=1)[:, None], b_A)
+        b_B = tl.where(o_t[None, :] == t, b_decay * tl.sum(b_S * b_q_t[None, :], axis=1)[:, None], b_B)
+    b_V = tl.load(p_v_row + o_t[None, :] * s_v_t + o_v[:, None] * s_v_v, mask=m_v[:, None] & m_t[None, :], other=0.0)
+    b_D = tl.sum((b_V.to(tl.float32) - b_A)[:, None, :] * b_N[None, :, :], axis=2)
+    b_O = b_B + tl.sum(b_D[:, None, :] * b_Wq[None, :, :], axis=2)
+    return b_D, b_O
+
+
+@triton.jit
+def _store_tokens(p_o_row, p_ring_row_d, b_O, b_D, c_eff, o_v, m_v, o_t, m_t, s_o_t, s_o_v, s_rd_l, s_rd_v):
+    """Store a tile's outputs (rows, T) and its d entries at ring positions c .. c + T - 1 (fp32 in the
+    state classes; only the fold reads them back)."""
+    m_vt = m_v[:, None] & m_t[None, :]
+    tl.store(p_o_row + o_t[None, :] * s_o_t + o_v[:, None] * s_o_v, b_O.to(p_o_row.dtype.element_ty), mask=m_vt)
+    tl.store(
+        p_ring_row_d + (c_eff + o_t[None, :]) * s_rd_l + o_v[:, None] * s_rd_v, b_D.to(p_ring_row_d.dtype.element_ty), mask=m_vt
+    )
+
+
+@triton.jit
+def _gdn_fold_finish_kernel(
+    p_v, p_o, p_g, p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_rows, p_w, p_qk, p_pos, p_arrive,
+    s_v_b, s_v_t, s_v_h, s_v_v, s_o_b, s_o_t, s_o_h, s_o_v, s_g_b, s_g_t, s_g_h,
+    s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
+    s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
+    s_w_b, s_w_h, s_w_t, s_qk_b, s_qk_h, s_qk_i, s_qk_t,
+    V, K, L, value_per_key, batch, heads,
+    T: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """The fold launch of the ``"alongside"`` form, launched after the weights launch and before the main
+    launch, which does not wait for it: a fixed grid of programs looping over the (folding row, value
+    head, tile group) items, like the ``"worklist"`` fold. The folding rows are those the weights launch
+    marked (``pos < 0``); nothing here reads the cursors, which the main launch moves meanwhile.
+
+    An item folds its tiles into the checkpoint (fp32, one rank-L ``tl.dot`` per tile, stored in the
+    checkpoint dtype), then finishes the T tokens from each stored tile with an empty ring (the
+    per-token form: outputs, and d at ring positions 0 .. T - 1), so the main launch skips these rows.
+    The new keys and log-decays go to ring positions 0 .. T - 1 too, which every item of the key head
+    reads first: each item counts itself in ``arrive[row, key head]`` (zeroed by the weights launch)
+    once it holds them, and the last of them writes the entries. No item waits for another.
+
+    ``USE_PDL``: its programs wait for the weights launch (its scratch), then let the main launch start.
+    So the main launch's programs start only after the weights launch has finished, and run beside
+    this launch, touching only the rows it does not. The main launch's last program waits for this
+    launch before it ends, so whatever follows the op sees this launch's writes.
+    """
+    wait_for_previous_launch(USE_PDL)
+    allow_next_launch(USE_PDL)
+    worker, workers = tl.program_id(0), tl.num_programs(0)
+    o_b = tl.arange(0, BLOCK_B)
+    m_b = o_b < batch
+    b_pos = tl.load(p_pos + o_b, mask=m_b, other=0)
+    b_fold = m_b & (b_pos < 0)
+    b_count = b_fold.to(tl.int32)
+    b_rank = tl.cumsum(b_count, axis=0) - 1
+    items = tl.sum(b_count, axis=0) * heads * SPLIT
+    for item in range(worker, items, workers):
+        i_b = nth_folding_row(o_b, b_fold, b_rank, item // (heads * SPLIT))
+        i_h, i_s = (item // SPLIT) % heads, item % SPLIT
+        i_kh = i_h // value_per_key
+        i_h64, i_kh64, i_b64 = i_h.to(tl.int64), i_kh.to(tl.int64), i_b.to(tl.int64)
+        slot = tl.load(p_rows + i_b).to(tl.int64)
+        cur = -1 - tl.load(p_pos + i_b)
+        o_k = tl.arange(0, BLOCK_K)
+        o_l = tl.arange(0, BLOCK_L)
+        o_t = tl.arange(0, BLOCK_T)
+        m_k = o_k < K
+        m_t = o_t < T
+        b_rk, b_wf, b_decay_f = _fold_weights(
+            p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, s_rk_h, s_rk_k, s_rg_s, s_rg_l, s_rg_h, o_k, m_k, o_l
+        )
+        tl.debug_barrier()  # every thread holds its part of the old keys and decays before the count below
+        arrived = tl.atomic_add(p_arrive + i_b * (heads // value_per_key) + i_kh, 1, sem="acq_rel")
+        p_qk_row = p_qk + i_b64 * s_qk_b + i_kh64 * s_qk_h
+        if arrived == value_per_key * SPLIT - 1:
+            # The key head's last item: the new keys (normalised, from the weights launch's scratch) and the
+            # log-decays of its value heads at ring positions 0 .. T - 1.
+            o_j = tl.arange(0, BLOCK_J)
+            m_jt = (o_j[:, None] < value_per_key) & m_t[None, :]
+            m_tk = m_t[:, None] & m_k[None, :]
+            b_K = tl.load(p_qk_row + o_t[:, None] * s_qk_t + o_k[None, :], mask=m_tk, other=0.0)
+            tl.store(
+                p_ring_k + slot * s_rk_s + o_t[:, None] * s_rk_l + i_kh64 * s_rk_h + o_k[None, :] * s_rk_k,
+                b_K.to(p_ring_k.dtype.element_ty), mask=m_tk,
+            )
+            o_hj = (i_kh * value_per_key + o_j).to(tl.int64)
+            b_g = tl.load(p_g + i_b64 * s_g_b + o_t[None, :] * s_g_t + o_hj[:, None] * s_g_h, mask=m_jt, other=0.0)
+            tl.store(p_ring_g + slot * s_rg_s + o_t[None, :] * s_rg_l + o_hj[:, None] * s_rg_h, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt)
+        p_w_row = p_w + i_b64 * s_w_b + i_h64 * s_w_h
+        b_N, b_Wq = _token_mixing(p_w_row, s_w_t, o_t, m_t, L, T)
+        p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
+        p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
+        p_v_row = p_v + i_b64 * s_v_b + i_h64 * s_v_h
+        p_o_row = p_o + i_b64 * s_o_b + i_h64 * s_o_h
+        for i_v in range(i_s, NUM_TILES, SPLIT):
+            o_v, m_v, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
+                p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+            )
+            # The stored tile, in fp32 (the barrier inside: its old d entries are read before they are overwritten).
+            b_S = fold_store_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk, p_tile, m_tile)
+            b_D, b_O = _tokens_from_folded_tile(
+                b_S, p_w_row, p_qk_row, p_v_row, o_v, m_v, o_k, m_k, o_t, m_t, b_N, b_Wq, s_w_t, s_qk_t, s_qk_i, s_v_t, s_v_v, L,
+                T, BLOCK_V, BLOCK_T,
+            )  # fmt: skip
+            _store_tokens(p_o_row, p_ring_row_d, b_O, b_D, 0, o_v, m_v, o_t, m_t, s_o_t, s_o_v, s_rd_l, s_rd_v)
 
 
 @triton.jit
@@ -771,39 +950,52 @@ def _gdn_three_launches(
     fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens)
     wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
     cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
-    check_form("_gdn_flush_kernel", fcfg, ("", "worklist"))
+    check_form("_gdn_flush_kernel", fcfg, ("", "worklist", "alongside"))
     check_form("_gdn_weights_kernel", wcfg)
     check_form("_gdn_main_kernel", cfg, ("", "mma"))
     mma = cfg.form == "mma"
     if mma and (cfg.block < 16 or key_dim < 16):
         raise ValueError(f"_gdn_main_kernel: the 'mma' form needs tiles of >= 16 rows and key_dim >= 16 (tl.dot), got {cfg.block} / {key_dim}")
-    num_tiles, split = _tiles(value_dim, fcfg)
-    worklist = fcfg.form == "worklist"
-    flush_grid = (worklist_grid(v.device, batch * value_heads * split, fcfg),) if worklist else (split, value_heads, batch)
+    if fcfg.block < 16:
+        raise ValueError(f"_gdn_flush_kernel: the fold needs tiles of >= 16 rows (tl.dot), got {fcfg.block}")
+    fold_tiles, fold_split = _tiles(value_dim, fcfg)
+    # "alongside": the fold launch after the weights launch, beside the main launch (docs/kernels.md run 19)
+    alongside = fcfg.form == "alongside"
+    work_list = fcfg.form in ("worklist", "alongside")
+    flush_grid = (worklist_grid(v.device, batch * value_heads * fold_split, fcfg),) if work_list else (fold_split, value_heads, batch)
+    arrive = torch.empty(batch, key_heads, dtype=torch.int32, device=v.device) if alongside else pos
     use_pdl = overlap_launches(v.device, overlap)
-    later = pdl_launch_options(use_pdl)  # launches 2 and 3; launch 1 is a plain launch (its inputs come from before the op)
+    later = pdl_launch_options(use_pdl)  # the launches after the step's first, a plain one (its inputs come from before the op)
+    fold_args = dict(
+        p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
+        **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads, T=num_tokens,
+        USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles, SPLIT=fold_split,
+        BLOCK_B=next_pow2(batch), num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
+    )  # fmt: skip
     with device_context(v):
-        _gdn_flush_kernel[flush_grid](
-            p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
-            **ck_strides, **rk_strides, **rd_strides, **rg_strides,
-            V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads,
-            T=num_tokens, WORKLIST=worklist, USE_PDL=use_pdl,
-            BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=num_tiles, SPLIT=split, BLOCK_B=next_pow2(batch),
-            num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
-        )  # fmt: skip
+        if not alongside:
+            _gdn_flush_kernel[flush_grid](p_cursor=cursor, WORKLIST=work_list, **fold_args)
         _gdn_weights_kernel[(key_heads, batch)](
             p_q=q, p_k=k, p_g=g, p_beta=beta, p_ring_k=ring_k, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
-            p_w=weights, p_qk=qk, p_pos=pos,
+            p_w=weights, p_qk=qk, p_pos=pos, p_arrive=arrive,
             **dict(zip(("s_q_b", "s_q_t", "s_q_h", "s_q_k"), q.stride())),
             **dict(zip(("s_k_b", "s_k_t", "s_k_h", "s_k_k"), k.stride())),
             **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
             **dict(zip(("s_beta_b", "s_beta_t", "s_beta_h"), beta.stride())),
             **rk_strides, **rg_strides, **scratch_strides,
             K=key_dim, L=window, value_per_key=value_per_key, scale=_scale(scale, key_dim),
-            T=num_tokens, L2NORM=use_qk_l2norm, USE_PDL=use_pdl,
+            T=num_tokens, L2NORM=use_qk_l2norm, USE_PDL=use_pdl, ALONGSIDE=alongside,
             BLOCK_J=next_pow2(value_per_key), BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t,
-            num_warps=wcfg.num_warps, **later,
+            num_warps=wcfg.num_warps, **({} if alongside else later),
         )  # fmt: skip
+        if alongside:
+            _gdn_fold_finish_kernel[flush_grid](
+                p_v=v, p_o=o, p_g=g, p_w=weights, p_qk=qk, p_pos=pos, p_arrive=arrive,
+                **dict(zip(("s_v_b", "s_v_t", "s_v_h", "s_v_v"), v.stride())),
+                **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
+                **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
+                **scratch_strides, BLOCK_T=block_t, BLOCK_J=next_pow2(value_per_key), **fold_args, **later,
+            )  # fmt: skip
         num_tiles, split = _tiles(value_dim, cfg)
         _gdn_main_kernel[(split, value_heads, batch)](
             p_v=v, p_o=o, p_ckpt=checkpoint, p_ring_d=ring_d, p_cursor=cursor, p_pending=pending, p_rows=rows,
@@ -812,7 +1004,7 @@ def _gdn_three_launches(
             **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
             **ck_strides, **rd_strides, **scratch_strides,
             V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit,
-            USE_PDL=use_pdl, MMA=mma,
+            USE_PDL=use_pdl, MMA=mma, ALONGSIDE=alongside,
             BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16) if mma else block_l, BLOCK_T=block_t,
             BLOCK_M=max(16, next_pow2(2 * num_tokens)), NUM_TILES=num_tiles, SPLIT=split, BLOCK_KC=min(_MMA_KEY_CHUNK, block_k),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later,
