@@ -1,4 +1,5 @@
-"""The kernel benchmark's plumbing on the CPU: every step kind and every --sweep candidate runs once.
+"""The kernel benchmarks' plumbing on the CPU: every step kind and every --sweep candidate runs once;
+the speculative sweep's candidate lists.
 
 ``benchmarks/decode_kernels.py --dry-run`` builds the benchmark's cases at tiny
 sizes and runs each replay / conventional step (launchers and ops) under the
@@ -27,3 +28,29 @@ def test_decode_kernels_dry_run():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("dry run") == 2 and "ok" in done.stdout
+
+
+def test_spec_sweep_times_each_table_entry(monkeypatch):
+    """``spec_kernels.py --sweep`` keeps the fastest candidate per launch table: the table's own entry is
+    among the candidates for every geometry (first, if the sweep's list lacks it), so a sweep can only
+    replace it by something it timed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import spec_kernels
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from replayssm.ops.triton import configs
+    from replayssm.ops.triton.configs import LaunchConfig
+
+    unlisted = LaunchConfig(32, 4, 1, num_stages=7, form="mma")  # in no candidate list
+    monkeypatch.setitem(configs._GDN_VERIFY, (128, 128), unlisted)
+    seen = 0
+    for geometry in spec_kernels.GEOMETRIES.values():
+        for name, table, key, candidates in spec_kernels.sweep_tables(geometry):
+            assert len(set(candidates)) == len(candidates), name
+            if key in table:
+                assert table[key] in candidates, (name, key)
+                seen += 1
+            if name == "_GDN_VERIFY":
+                assert candidates[0] == unlisted
+    assert seen >= 6  # the verify, flush and weights tables of both families
