@@ -9,7 +9,9 @@ cases: each GDN geometry's decode step (T = 1) and verify step (``--tokens``), w
 configurations and, for GDN, the fold launch's ``"alongside"`` form; each Mamba-2 geometry's steps; the
 conventional kernels. Per launch it prints warps, registers per thread, local (spilled) bytes, shared
 memory, and the programs per multiprocessor those allow (65,536 registers, 227 KiB of shared memory, 32
-programs and 64 warps per multiprocessor), the occupancy ceiling before the other limits.
+programs and 64 warps per multiprocessor), the occupancy ceiling before the other limits. ``--ptx-dir``
+also writes each launch's PTX without its debug lines, numbered and named by case, so that two checkouts'
+launches can be compared (``diff -r``; the register numbering changes with the kernel's parameter list).
 
 The figures are the installed Triton's: run it under the GPU machine's version (3.6 there) for the code
 that runs on the lent H200, e.g. in a virtual environment with ``pip install torch==2.13.0`` and
@@ -25,6 +27,7 @@ import datetime
 import json
 import os
 import re
+import string
 import subprocess
 import sys
 import tempfile
@@ -79,8 +82,16 @@ def _compile_instead_of_launch(self, *args, grid, warmup, **kwargs):
     by_shared = SHARED // res["shared_bytes"] if res["shared_bytes"] else MAX_PROGRAMS
     launches.append(
         {"kernel": self.fn.__name__, "warps": warps, "stages": options.num_stages, **res,
-         "programs_per_sm": min(by_regs, by_shared, MAX_PROGRAMS, MAX_WARPS // warps)}
+         "programs_per_sm": min(by_regs, by_shared, MAX_PROGRAMS, MAX_WARPS // warps), "ptx": _code_lines(kernel.asm["ptx"])}
     )  # fmt: skip
+
+
+def _code_lines(ptx: str) -> str:
+    """The PTX without its debug sections, line records and debug-scope labels (they follow the source file's
+    lines and helper functions, not the code)."""
+    code = ptx.split(".section")[0]
+    debug = (".loc", ".file", "//", "$L__tmp")
+    return "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(debug)) + "\n"
 
 
 def _tokens(case: Case, T: int) -> tuple:
@@ -108,6 +119,7 @@ def main() -> None:
     ap.add_argument("--tokens", nargs="*", type=int, default=[4], help="verify steps' draft lengths (T = 1 always)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--ptx-dir", type=Path, default=None, help="write each launch's PTX (debug lines left out) here")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("kernel_resources.py compiles the kernels: run it without TRITON_INTERPRET=1")
@@ -121,6 +133,11 @@ def main() -> None:
             launches.clear()
             step()
             for launch in launches:
+                ptx = launch.pop("ptx")
+                if args.ptx_dir:
+                    args.ptx_dir.mkdir(parents=True, exist_ok=True)
+                    safe = "".join(c if c in string.ascii_letters + string.digits + "=-" else "_" for c in label)
+                    (args.ptx_dir / f"{len(rows):03d}-{safe}-{launch['kernel']}.ptx").write_text(ptx)
                 rows.append({"case": label, **launch})
                 print(f"{label:48s} {launch['kernel']:26s} warps {launch['warps']} stages {launch['stages']}  "
                       f"registers {launch['registers']:3d}  local {launch['local_bytes']:5d} B  shared {launch['shared_bytes']:6d} B  "

@@ -61,8 +61,15 @@ def folding_rows(p_rows, p_cursor, batch, T, L, BLOCK_B: tl.constexpr):
     b_slot = tl.load(p_rows + o_b, mask=m_b, other=0).to(tl.int64)
     b_cur = tl.load(p_cursor + b_slot, mask=m_b, other=0)
     b_fold = m_b & (b_cur + T > L)
+    b_rank, n_fold = rank_rows(b_fold)
+    return o_b, b_fold, b_rank, n_fold
+
+
+@triton.jit
+def rank_rows(b_fold):
+    """Each marked row's rank among the marked rows (in row order), and their count."""
     b_count = b_fold.to(tl.int32)
-    return o_b, b_fold, tl.cumsum(b_count, axis=0) - 1, tl.sum(b_count, axis=0)
+    return tl.cumsum(b_count, axis=0) - 1, tl.sum(b_count, axis=0)
 
 
 @triton.jit

@@ -72,6 +72,7 @@ from .common import (
     nth_folding_row,
     overlap_launches,
     pdl_launch_options,
+    rank_rows,
     store_cast,
     suffix_sums,
     uses_float64,
@@ -419,10 +420,10 @@ def _gdn_weights_kernel(
         m_tk = m_tk & b_appends[:, None]
         m_jt = m_jt & b_appends[None, :]
         tl.store(p_arrive + i_b * tl.num_programs(0) + i_kh, 0)
-        tl.store(p_pos + i_b, tl.where(cur + T <= L, cur, -1 - cur), mask=i_kh == 0)
+        pos = tl.where(cur + T <= L, cur, -1 - cur)
     else:
         wait_for_previous_launch(USE_PDL)
-        tl.store(p_pos + i_b, c_eff, mask=i_kh == 0)
+        pos = c_eff
     tl.store(
         p_ring_k + slot * s_rk_s + (c_eff + o_t[:, None]) * s_rk_l + i_kh64 * s_rk_h + o_k[None, :] * s_rk_k,
         b_K.to(p_ring_k.dtype.element_ty), mask=m_tk,
@@ -430,6 +431,7 @@ def _gdn_weights_kernel(
     tl.store(
         p_ring_g + slot * s_rg_s + (c_eff + o_t[None, :]) * s_rg_l + o_h[:, None] * s_rg_h, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt
     )
+    tl.store(p_pos + i_b, pos, mask=i_kh == 0)
 
 
 @triton.jit
@@ -562,9 +564,7 @@ def _gdn_main_kernel(
         b_P = tl.where(m_key[:, None] & (o_m[None, :] == o_m[:, None] + T), 1.0, 0.0)
     else:
         # Per program, once: N (d = N (v - a), see the weights launch) and the causal weights of o, (T, T).
-        p_w_tt = p_w_row + o_t[:, None] * s_w_t + o_t[None, :]
-        b_N = tl.load(p_w_tt + 2 * L, mask=m_t[:, None] & m_t[None, :], other=0.0)
-        b_Wq = tl.load(p_w_tt + (2 * L + T), mask=m_t[:, None] & m_t[None, :], other=0.0)
+        b_N, b_Wq = _token_mixing(p_w_row, s_w_t, o_t, m_t, L, T)
     for i_v in range(i_s, tiles_end, SPLIT):
         if MMA:
             o_v, m_mv, b_Dm, b_Om = _main_tile_mma(
@@ -599,12 +599,7 @@ def _gdn_main_kernel(
             # D = (V - A) N^T, O = B + D Wq'^T: (rows, T, T) products, summed over the last axis.
             b_D = tl.sum((b_V.to(tl.float32) - b_A)[:, None, :] * b_N[None, :, :], axis=2)
             b_O = b_B + tl.sum(b_D[:, None, :] * b_Wq[None, :, :], axis=2)
-            m_vt = m_v[:, None] & m_t[None, :]
-            tl.store(p_o_row + o_t[None, :] * s_o_t + o_v[:, None] * s_o_v, b_O.to(p_o.dtype.element_ty), mask=m_vt)
-            # d at ring positions c .. c + T - 1 (fp32 in the state classes; only the fold reads them back).
-            tl.store(
-                p_ring_row_d + (c_eff + o_t[None, :]) * s_rd_l + o_v[:, None] * s_rd_v, b_D.to(p_ring_d.dtype.element_ty), mask=m_vt
-            )
+            _store_tokens(p_o_row, p_ring_row_d, b_O, b_D, c_eff, o_v, m_v, o_t, m_t, s_o_t, s_o_v, s_rd_l, s_rd_v)
     if ALONGSIDE:
         # The grid's last program waits for the fold launch, so that this launch ends after it (a launch
         # that waits for nothing could end first; programmatic dependent launch orders by the wait).
@@ -694,9 +689,8 @@ def _gdn_fold_finish_kernel(
     m_b = o_b < batch
     b_pos = tl.load(p_pos + o_b, mask=m_b, other=0)
     b_fold = m_b & (b_pos < 0)
-    b_count = b_fold.to(tl.int32)
-    b_rank = tl.cumsum(b_count, axis=0) - 1
-    items = tl.sum(b_count, axis=0) * heads * SPLIT
+    b_rank, n_fold = rank_rows(b_fold)
+    items = n_fold * heads * SPLIT
     for item in range(worker, items, workers):
         i_b = nth_folding_row(o_b, b_fold, b_rank, item // (heads * SPLIT))
         i_h, i_s = (item // SPLIT) % heads, item % SPLIT
