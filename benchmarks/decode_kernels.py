@@ -409,28 +409,42 @@ SWEEP_REPLAY = {
         # the fold launch after the weights launch, beside the main launch, finishing the rows it folds
         # ("alongside", docs/kernels.md run 19: 1.7-1.9% ahead of the table's on 2026-12-02, in one run)
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=2), overlap=True),
+        # the same on items of half a head (168 registers against 181 for sm_90, Triton 3.6: 3 programs per
+        # multiprocessor), for steps on which many rows fold (2026-12-02 10:2x, 16/32 heads: whole-head items
+        # 183.3 us staggered against 188.2 for the table's work list, but 198.1 in-phase against its 187.0 of 12-01)
+        StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 2, 4, form="alongside", programs_per_sm=3), overlap=True),
         # (the main launch's "mma" form, verification's from T = 4 on: 344-353 / 663-684 us on 2026-12-01, 16 / 32
         # rows; its 16 token rows are padding but one at T = 1)
     ],
 }
 
 
-def _time_candidates(name, kind, candidates, check, steps, log) -> tuple[list[dict], tuple | None]:
+def _time_candidates(name, kind, candidates, check, steps, log, set_phase=None) -> tuple[list[dict], tuple | None]:
     """Check each candidate against the reference (``check(cfg)``), time its steps (``steps(cfg)``); returns the
-    rows and the fastest (config, us). A candidate that does not compile, or is wrong, is logged and skipped."""
+    rows and the fastest (config, us). A candidate that does not compile, or is wrong, is logged and skipped.
+    ``set_phase`` (replay steps): each candidate is also timed with every row folding on the same step
+    (``us_inphase``, what ``generate()`` does), then the rows are staggered again; the choice stays by the
+    staggered time, the headline's."""
     from _common import time_graph_per_step
 
     rows, best = [], None
     for cfg in candidates:
+        us_inphase = None
         try:
             if failure := check_failure(check(cfg)):
                 raise RuntimeError(failure)
             us = time_graph_per_step(steps(cfg), repeats=10)
+            if set_phase is not None:
+                set_phase("in-phase")
+                try:
+                    us_inphase = time_graph_per_step(steps(cfg), repeats=10)
+                finally:
+                    set_phase("staggered")
         except Exception as exc:  # noqa: BLE001 - a config that does not compile, or is wrong, is a result too
             us = None
             log(f"sweep {name} {kind} {cfg}: {type(exc).__name__}: {exc}")
-        rows.append({"geometry": name, "kernel": kind, **cfg.as_dict(), "us": us})
-        log(f"sweep {name:24s} {kind} {cfg} -> {us}")
+        rows.append({"geometry": name, "kernel": kind, **cfg.as_dict(), "us": us, "us_inphase": us_inphase})
+        log(f"sweep {name:24s} {kind} {cfg} -> {us}" + ("" if us_inphase is None else f" (in-phase {us_inphase})"))
         if us is not None and (best is None or us < best[1]):
             best = (cfg, us)
     return rows, best
@@ -456,11 +470,12 @@ def sweep(geometries, device, log, kind: str = "replay") -> tuple[list[dict], di
         if not candidates:
             continue
         case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, device, conventional=kind == "conventional")
+        set_phase = None
         if kind == "replay":
-            check, steps = case.check_replay, lambda cfg: case.replay_steps(cfg, via_op=False)
+            check, steps, set_phase = case.check_replay, lambda cfg: case.replay_steps(cfg, via_op=False), case.set_phase
         else:
             check, steps = case.check_conventional, lambda cfg: case.conventional_steps(cfg, via_op=False)
-        rows, fastest = _time_candidates(name, kind, candidates, check, steps, log)
+        rows, fastest = _time_candidates(name, kind, candidates, check, steps, log, set_phase)
         out += rows
         if fastest:
             best[name] = fastest[0]

@@ -161,7 +161,9 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         main = ("_MAMBA2_VERIFY", [])
         # The T outputs of a tile as one block (_mamba2_main_kernel). Programs looping over several tiles lost
         # (2026-12-01, split 3 / 2: 742.4 / 687.0 us against 517.3).
+        # "tokens_prefetched": the chunks' loads 1 to 3 chunks ahead of their products (num_stages 2 to 4).
         forms = [("tokens_chunked", 16, 1), ("tokens_chunked", 8, 1)]
+        forms += [("tokens_prefetched", block, 1, stages) for block in (16, 8) for stages in (3, 4)]
     else:
         dim, key_dim = geometry.value_dim, geometry.key_dim
         # Larger tiles and 2 warps lost every earlier sweep (625-948 against 455-537 us), programs looping over

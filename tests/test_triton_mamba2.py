@@ -132,6 +132,9 @@ VARIANTS = [
     pytest.param(LaunchConfig(8, 6, 1, form="tokens"), LaunchConfig(16, 1, 4), id="block8-tokens"),
     pytest.param(LaunchConfig(16, 1, 2, form="tokens_chunked"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-chunked"),
     pytest.param(LaunchConfig(16, 3, 1, form="tokens"), None, id="block16-tokens-fold-in-main"),
+    # chunks loaded 1 / 2 chunks ahead (T = 2: 16-row tiles on 2 warps, two N chunks of 16)
+    pytest.param(LaunchConfig(16, 1, 2, 2, form="tokens_prefetched"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-prefetched1"),
+    pytest.param(LaunchConfig(16, 3, 2, 3, form="tokens_prefetched"), None, id="block16-tokens-prefetched2-fold-in-main"),
 ]
 
 
@@ -233,6 +236,10 @@ VERIFY_FORMS = main_launch_forms(
     (False, LaunchConfig(8, 2, 1, form="tokens"), "fold-launch-tokens-block8"),
     (True, LaunchConfig(16, 1, 2, form="tokens"), "fold-in-main-tokens-block16"),
     (True, LaunchConfig(16, 1, 1, form="tokens_chunked"), "fold-in-main-tokens-chunked-block16"),
+    # 32-row tiles on one warp: N chunks of 8, four of them at T = 3, 4 (two at T = 2), loaded 2 / 1 ahead
+    (False, LaunchConfig(32, 1, 1, 3, form="tokens_prefetched"), "fold-launch-tokens-prefetched2-block32"),
+    (True, LaunchConfig(32, 1, 1, 2, form="tokens_prefetched"), "fold-in-main-tokens-prefetched1-block32"),
+    (True, LaunchConfig(32, 1, 1, 4, form="tokens_prefetched"), "fold-in-main-tokens-prefetched3-block32"),
 )
 
 
@@ -442,3 +449,13 @@ def test_token_block_chunks():
     chunk = lambda form, block, warps, block_t: kernels._main_form(LaunchConfig(block, 1, warps, form=form), 4, block_t, 128)["N_CHUNK"]  # noqa: E731
     assert chunk("tokens", 16, 1, 4) == 128
     assert [chunk("tokens_chunked", 8, 1, 4), chunk("tokens_chunked", 16, 1, 4), chunk("tokens_chunked", 16, 2, 8)] == [32, 16, 16]
+    assert kernels._main_form(LaunchConfig(16, 1, 1, 2, form="tokens_prefetched"), 4, 4, 128)["N_CHUNK"] == 16
+
+
+def test_token_block_prefetch_depth():
+    """"tokens_prefetched" loads 1 to 3 chunks ahead (num_stages 2 to 4); the other forms none."""
+    form = lambda name, stages: kernels._main_form(LaunchConfig(16, 1, 1, stages, form=name), 4, 4, 128)  # noqa: E731
+    assert [form("tokens_prefetched", stages)["PREFETCH"] for stages in (2, 3, 4)] + [form("tokens_chunked", 1)["PREFETCH"]] == [1, 2, 3, 0]
+    for stages in (1, 5):
+        with pytest.raises(ValueError, match="'tokens_prefetched' form takes num_stages 2 to 4"):
+            form("tokens_prefetched", stages)

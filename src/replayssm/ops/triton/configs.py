@@ -70,9 +70,12 @@ _MAMBA2_FLUSH = {
 # state product summed over N chunks ("tokens_chunked"). spec_kernels --sweep, T = 4, 2026-11-29 17:26:
 # 16-row tiles in that form 517.6 / 558.0 us (96x80 / 128x64) against 598.1 / 650.7 for the per-token
 # form on 8-row tiles (the table before), 531.7 / 576.4 for "tokens" on 8 rows; 2 warps 597-795.
+# 2026-12-02 (docs/kernels.md run 20): each chunk's loads issued ahead of its product ("tokens_prefetched")
+# on 8-row tiles, 3 chunks ahead (num_stages 4) 462.3 / 501.4 us, 2 ahead 474.0-474.9 / 512.2-513.2, against
+# 511.6-512.5 / 552.6-553.8 for "tokens_chunked" on 16 rows (16 rows prefetched: 479.8-487.6 / 520.7-528.3).
 _MAMBA2_VERIFY = {
-    (80, 128): LaunchConfig(block=16, split=5, num_warps=1, form="tokens_chunked"),
-    (64, 128): LaunchConfig(block=16, split=4, num_warps=1, form="tokens_chunked"),
+    (80, 128): LaunchConfig(block=8, split=10, num_warps=1, num_stages=4, form="tokens_prefetched"),
+    (64, 128): LaunchConfig(block=8, split=8, num_warps=1, num_stages=4, form="tokens_prefetched"),
 }
 _MAMBA2_CONVENTIONAL = {
     (80, 128): LaunchConfig(block=8, split=10, num_warps=1),

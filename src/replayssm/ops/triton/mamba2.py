@@ -324,6 +324,17 @@ def _mamba2_weights_kernel(
 
 
 @triton.jit
+def _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, k, N, N_CHUNK: tl.constexpr):
+    """The token block's chunk k of N: the tile's (1, rows, N_CHUNK) columns, loaded in the (T, rows,
+    N_CHUNK) product's layout, and C's (T, N_CHUNK) block."""
+    o_nk = k * N_CHUNK + tl.arange(0, N_CHUNK)
+    m_nk = o_nk < N
+    b_S_k = tl.load(p_rows_ck[None, :, None] + o_nk[None, None, :] * s_ck_n, mask=m_p[None, :, None] & m_nk[None, None, :], other=0.0)
+    b_C_k = tl.load(p_C_row + o_t[:, None] * s_C_t + o_nk[None, :] * s_C_n, mask=m_t[:, None] & m_nk[None, :], other=0.0)
+    return b_S_k, b_C_k
+
+
+@triton.jit
 def _mamba2_main_kernel(
     p_x, p_C, p_z, p_y, p_ckpt, p_ring_x, p_cursor, p_pending, p_rows, p_w, p_pos, p_fold_w, p_fold_B,
     s_x_b, s_x_t, s_x_h, s_x_p,
@@ -337,7 +348,7 @@ def _mamba2_main_kernel(
     s_fB_b, s_fB_g, s_fB_l,
     P, N, L, heads_per_group,
     T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
-    TOKEN_BLOCK: tl.constexpr, N_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
+    TOKEN_BLOCK: tl.constexpr, N_CHUNK: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -366,6 +377,12 @@ def _mamba2_main_kernel(
       (fewer registers; sm_90 compiles show some chunks' loads issued after the C chunks' layout
       conversions, whose barriers may serialise them). The table's form for verification since
       docs/kernels.md run 9 (16-row tiles: 13-14% faster verify steps than per token).
+    * ``"tokens_prefetched"``: ``"tokens_chunked"`` with each chunk's loads issued ``PREFETCH`` chunks
+      before its product (``LaunchConfig.num_stages - 1``, 1 to 3: the depth of this software pipeline; the
+      launch itself runs on one stage). Each C chunk is converted to the product's layout through
+      shared memory behind a CTA barrier, and its store to shared memory waits for its load: in the
+      chunked form every chunk's tile loads were issued after the previous chunk's conversion, one
+      DRAM round trip per chunk (sm_90 PTX, Triton 3.6; Nsight Compute had the launch latency-bound).
 
     ``USE_PDL`` (launched with ``launch_pdl``): this launch may start while launch 2 (and launch 1
     before it) still run; its programs wait for launch 2 before reading anything but their row's slot.
@@ -443,12 +460,32 @@ def _mamba2_main_kernel(
             # S C^T: products summed over the N chunks in registers, one cross-thread reduction at the end.
             # The tile chunk is loaded in 3D (the product's layout); C, small, is the operand converted.
             b_SC = tl.zeros((BLOCK_T, BLOCK_P, N_CHUNK), dtype=tl.float32)
-            for k in tl.static_range(BLOCK_N // N_CHUNK):
-                o_nk = k * N_CHUNK + tl.arange(0, N_CHUNK)
-                m_nk = o_nk < N
-                b_S_k = tl.load(p_rows_ck[None, :, None] + o_nk[None, None, :] * s_ck_n, mask=m_p[None, :, None] & m_nk[None, None, :], other=0.0)
-                b_C_k = tl.load(p_C_row + o_t[:, None] * s_C_t + o_nk[None, :] * s_C_n, mask=m_t[:, None] & m_nk[None, :], other=0.0)
-                b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
+            if PREFETCH == 0:
+                for k in tl.static_range(BLOCK_N // N_CHUNK):
+                    b_S_k, b_C_k = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, k, N, N_CHUNK)
+                    b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
+            else:
+                # PREFETCH (1 to 3) chunks in flight: slots a, b, c hold chunks k, k + 1, k + 2 (as far as PREFETCH goes).
+                b_S_a, b_C_a = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, 0, N, N_CHUNK)
+                if PREFETCH >= 2:
+                    b_S_b, b_C_b = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, 1, N, N_CHUNK)
+                if PREFETCH >= 3:
+                    b_S_c, b_C_c = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, 2, N, N_CHUNK)
+                for k in tl.static_range(BLOCK_N // N_CHUNK):
+                    b_S_k, b_C_k = b_S_a, b_C_a
+                    if PREFETCH >= 2:
+                        b_S_a, b_C_a = b_S_b, b_C_b
+                    if PREFETCH >= 3:
+                        b_S_b, b_C_b = b_S_c, b_C_c
+                    if k + PREFETCH < BLOCK_N // N_CHUNK:
+                        b_S_n, b_C_n = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, k + PREFETCH, N, N_CHUNK)
+                        if PREFETCH == 1:
+                            b_S_a, b_C_a = b_S_n, b_C_n
+                        elif PREFETCH == 2:
+                            b_S_b, b_C_b = b_S_n, b_C_n
+                        else:
+                            b_S_c, b_C_c = b_S_n, b_C_n
+                    b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
             b_Y = b_decay_t[:, None] * tl.sum(b_SC, axis=2)
             b_Y += tl.sum(b_w_ring[:, :, None] * b_rx[None, :, :], axis=1)
             b_Y += tl.sum(b_w_new[:, :, None] * b_xn.to(tl.float32)[None, :, :], axis=1)
@@ -561,12 +598,16 @@ _TOKEN_BLOCK_REGISTERS = 32
 def _main_form(cfg: LaunchConfig, num_tokens: int, block_t: int, block_n: int) -> dict:
     """``_mamba2_main_kernel``'s form constexprs from ``cfg.form`` ("", "tokens" or "tokens_chunked"; see its
     docstring). The token block applies to T > 1; at T = 1 every form is the decode step's."""
-    check_form("_mamba2_main_kernel", cfg, ("", "tokens", "tokens_chunked"))
-    n_chunk = block_n
-    if cfg.form == "tokens_chunked":
+    check_form("_mamba2_main_kernel", cfg, ("", "tokens", "tokens_chunked", "tokens_prefetched"))
+    n_chunk, prefetch = block_n, 0
+    if cfg.form in ("tokens_chunked", "tokens_prefetched"):
         per_chunk = 32 * cfg.num_warps * _TOKEN_BLOCK_REGISTERS // (block_t * cfg.block)
         n_chunk = min(block_n, max(1, next_pow2(per_chunk + 1) // 2))  # the power of two <= per_chunk
-    return dict(TOKEN_BLOCK=bool(cfg.form) and num_tokens > 1, N_CHUNK=n_chunk)
+    if cfg.form == "tokens_prefetched":
+        if cfg.num_stages not in (2, 3, 4):
+            raise ValueError(f"_mamba2_main_kernel: the 'tokens_prefetched' form takes num_stages 2 to 4 (1 to 3 chunks ahead), got {cfg.num_stages}")
+        prefetch = cfg.num_stages - 1
+    return dict(TOKEN_BLOCK=bool(cfg.form) and num_tokens > 1, N_CHUNK=n_chunk, PREFETCH=prefetch)
 
 
 def mamba2_step_out(
@@ -672,7 +713,7 @@ def mamba2_step_out(
             T=num_tokens, COMMIT=commit, HAS_Z=z is not None, FOLD_IN_MAIN=fold_in_main,
             **main_form, USE_PDL=use_pdl,
             BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
-            num_warps=config.num_warps, num_stages=config.num_stages, **later,
+            num_warps=config.num_warps, num_stages=1 if main_form["PREFETCH"] else config.num_stages, **later,
         )  # fmt: skip
 
 
