@@ -596,8 +596,9 @@ _TOKEN_BLOCK_REGISTERS = 32
 
 
 def _main_form(cfg: LaunchConfig, num_tokens: int, block_t: int, block_n: int) -> dict:
-    """``_mamba2_main_kernel``'s form constexprs from ``cfg.form`` ("", "tokens" or "tokens_chunked"; see its
-    docstring). The token block applies to T > 1; at T = 1 every form is the decode step's."""
+    """``_mamba2_main_kernel``'s form constexprs from ``cfg.form`` ("", "tokens", "tokens_chunked" or
+    "tokens_prefetched"; see its docstring). The token block applies to T > 1; at T = 1 every form is the
+    decode step's."""
     check_form("_mamba2_main_kernel", cfg, ("", "tokens", "tokens_chunked", "tokens_prefetched"))
     n_chunk, prefetch = block_n, 0
     if cfg.form in ("tokens_chunked", "tokens_prefetched"):
