@@ -410,8 +410,8 @@ SWEEP_REPLAY = {
         # ("alongside", docs/kernels.md run 19: 1.7-1.9% ahead of the table's on 2026-12-02, in one run)
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=2), overlap=True),
         # the same on items of half a head (168 registers against 181 for sm_90, Triton 3.6: 3 programs per
-        # multiprocessor), for steps on which many rows fold (2026-12-02 10:2x, 16/32 heads: whole-head items
-        # 183.3 us staggered against 188.2 for the table's work list, but 198.1 in-phase against its 187.0 of 12-01)
+        # multiprocessor), for steps on which many rows fold (2026-12-02 10:33, 16/32 heads, staggered / in-phase:
+        # whole heads 182.4 / 193.4 us, half heads 189.7 / 189.8, the table's work list 186.9 / 181.6; run 20)
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 2, 4, form="alongside", programs_per_sm=3), overlap=True),
         # (the main launch's "mma" form, verification's from T = 4 on: 344-353 / 663-684 us on 2026-12-01, 16 / 32
         # rows; its 16 token rows are padding but one at T = 1)

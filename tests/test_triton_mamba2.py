@@ -132,7 +132,8 @@ VARIANTS = [
     pytest.param(LaunchConfig(8, 6, 1, form="tokens"), LaunchConfig(16, 1, 4), id="block8-tokens"),
     pytest.param(LaunchConfig(16, 1, 2, form="tokens_chunked"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-chunked"),
     pytest.param(LaunchConfig(16, 3, 1, form="tokens"), None, id="block16-tokens-fold-in-main"),
-    # chunks loaded 1 / 2 chunks ahead (T = 2: 16-row tiles on 2 warps, two N chunks of 16)
+    # chunks loaded 1 / 2 ahead (T = 2 here: one N chunk of 32 on 2 warps, so the loads ahead are masked off;
+    # VERIFY_FORMS below has tiles of 2 and 4 chunks)
     pytest.param(LaunchConfig(16, 1, 2, 2, form="tokens_prefetched"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-prefetched1"),
     pytest.param(LaunchConfig(16, 3, 2, 3, form="tokens_prefetched"), None, id="block16-tokens-prefetched2-fold-in-main"),
 ]
