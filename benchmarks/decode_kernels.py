@@ -405,6 +405,9 @@ SWEEP_REPLAY = {
         # (half-head work-list items on 4 programs per multiprocessor: 193.0 / 368.0 us on 2026-12-01, behind 3)
         *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD, overlap=overlap) for overlap in (False, True)),
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD_WHOLE_HEADS, overlap=True),
+        # the table's work list with each item's tile loop software-pipelined (3 stages: the next tiles' loads by
+        # cp.async during this tile's fold; 165 registers for sm_90, 3 programs per multiprocessor as before)
+        StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 2, 4, 3, form="worklist", programs_per_sm=3), overlap=True),
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD, overlap=True),
         # the fold launch after the weights launch, beside the main launch, finishing the rows it folds
         # ("alongside", docs/kernels.md run 19: 1.7-1.9% ahead of the table's on 2026-12-02, in one run)

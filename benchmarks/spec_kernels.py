@@ -146,7 +146,8 @@ class SpecCase:
 def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     """The launch tables a verify step uses that the sweep tunes: (name, table, this geometry's key, candidates).
 
-    The main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel;
+    Mamba-2's fold (``_MAMBA2_VERIFY_FOLD_IN_MAIN``: in the flush launch or in the main launch), the main
+    launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel;
     Mamba-2 also in its token-block forms), the flush launch (``_MAMBA2_FLUSH``, shared with decoding, /
     ``_GDN_FLUSH``; block >= 16, its fold is a ``tl.dot``) and the weights launch (``_MAMBA2_WEIGHTS`` /
     ``_GDN_WEIGHTS``, warps only).
@@ -161,9 +162,11 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         main = ("_MAMBA2_VERIFY", [])
         # The T outputs of a tile as one block (_mamba2_main_kernel). Programs looping over several tiles lost
         # (2026-12-01, split 3 / 2: 742.4 / 687.0 us against 517.3).
-        # "tokens_prefetched": the chunks' loads 1 to 3 chunks ahead of their products (num_stages 2 to 4).
+        # "tokens_prefetched": the chunks' loads 1 to 4 chunks ahead of their products (num_stages 2 to 5; 8-row
+        # tiles have 4 chunks, so 4 ahead loads the whole tile before the first product).
         forms = [("tokens_chunked", 16, 1), ("tokens_chunked", 8, 1)]
         forms += [("tokens_prefetched", block, 1, stages) for block in (16, 8) for stages in (3, 4)]
+        forms += [("tokens_prefetched", 8, 1, 5)]
     else:
         dim, key_dim = geometry.value_dim, geometry.key_dim
         # Larger tiles and 2 warps lost every earlier sweep (625-948 against 455-537 us), programs looping over
@@ -173,6 +176,9 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         forms = [("mma", 16, 1, 3), ("mma", 16, 1, 4), ("mma", 16, 1, 2), ("mma", 32, 1, 3), ("mma", 32, 1, 4), ("mma", 32, 2, 3), ("mma", 64, 4, 2), ("mma", 128, 4, 2)]
     tiles = lambda block: -(-dim // block)  # noqa: E731
     out = []
+    if isinstance(geometry, Mamba2Geometry) and hasattr(configs, "_MAMBA2_VERIFY_FOLD_IN_MAIN"):
+        # Where the folding rows fold: the flush launch (False) or the main launch's tiles (True); swept first.
+        out.append(("_MAMBA2_VERIFY_FOLD_IN_MAIN", configs._MAMBA2_VERIFY_FOLD_IN_MAIN, (dim, key_dim), [False, True]))
     name, shapes = main
     gdn = not isinstance(geometry, Mamba2Geometry)
     if hasattr(configs, name):
@@ -185,7 +191,10 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     if hasattr(configs, flush_table):
         # (32-row and 2-warp shapes lost every earlier sweep; GDN half / quarter heads per program, split 2 / 4:
         # 348.5 / 363.1 us against 343.3 on 2026-12-02)
-        flush = [LaunchConfig(16, 1, 4), LaunchConfig(16, tiles(16), 4)]
+        # The loop over a head's tiles software-pipelined by Triton, 2 or 3 stages (the next tiles' loads issued
+        # by cp.async during this tile's fold; Mamba-2 on 3 since run 21, where 8 warps lost: 505.4 / 563.5 us
+        # against 459.1 / 499.1).
+        flush = [LaunchConfig(16, 1, 4), LaunchConfig(16, tiles(16), 4), LaunchConfig(16, 1, 4, 2), LaunchConfig(16, 1, 4, 3)]
         out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
     if not gdn and hasattr(configs, "_MAMBA2_WEIGHTS"):
         out.append(("_MAMBA2_WEIGHTS", configs._MAMBA2_WEIGHTS, (dim, key_dim), [LaunchConfig(1, 1, warps) for warps in (4, 1, 2)]))
@@ -193,6 +202,11 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         out.append(("_GDN_WEIGHTS", configs._GDN_WEIGHTS, (dim, key_dim), [LaunchConfig(1, 1, warps) for warps in (4, 1, 2, 8)]))
     # The table's own entry is always a candidate (first), so the sweep never drops it untimed.
     return [(name, table, key, _with_entry(table.get(key), candidates)) for name, table, key, candidates in out]
+
+
+def _described(entry):
+    """A table entry for the log and the JSON: a LaunchConfig's fields, or the entry itself (a flag)."""
+    return entry.as_dict() if hasattr(entry, "as_dict") else entry
 
 
 def _with_entry(entry, candidates: list) -> list:
@@ -227,11 +241,11 @@ def sweep_verify(geometries: dict, repeats: int, log) -> dict:
                     del case
                     torch.cuda.empty_cache()
                 timings.append((us, cfg))
-                log(f"sweep {json.dumps({'geometry': name, 'table': table_name, 'config': cfg.as_dict(), 'replay_us': us})}")
+                log(f"sweep {json.dumps({'geometry': name, 'table': table_name, 'config': _described(cfg), 'replay_us': us})}")
             best = min(timings, key=lambda t: t[0])[1] if timings else previous
             if best is not None:
                 table[key] = best
-                chosen.setdefault(table_name, {})[f"{key[0]}x{key[1]}"] = best.as_dict()
+                chosen.setdefault(table_name, {})[f"{key[0]}x{key[1]}"] = _described(best)
             log(f"sweep {name} {table_name}: using {best} (table had {previous})")
     return chosen
 

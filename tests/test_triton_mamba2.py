@@ -241,6 +241,8 @@ VERIFY_FORMS = main_launch_forms(
     (False, LaunchConfig(32, 1, 1, 3, form="tokens_prefetched"), "fold-launch-tokens-prefetched2-block32"),
     (True, LaunchConfig(32, 1, 1, 2, form="tokens_prefetched"), "fold-in-main-tokens-prefetched1-block32"),
     (True, LaunchConfig(32, 1, 1, 4, form="tokens_prefetched"), "fold-in-main-tokens-prefetched3-block32"),
+    # 4 ahead: every chunk of the tile loaded before the first product (T = 3, 4), loads past the last masked off (T = 2)
+    (False, LaunchConfig(32, 1, 1, 5, form="tokens_prefetched"), "fold-launch-tokens-prefetched4-block32"),
 )
 
 
@@ -454,9 +456,10 @@ def test_token_block_chunks():
 
 
 def test_token_block_prefetch_depth():
-    """"tokens_prefetched" loads 1 to 3 chunks ahead (num_stages 2 to 4); the other forms none."""
+    """"tokens_prefetched" loads 1 to 4 chunks ahead (num_stages 2 to 5); the other forms none."""
     form = lambda name, stages: kernels._main_form(LaunchConfig(16, 1, 1, stages, form=name), 4, 4, 128)  # noqa: E731
-    assert [form("tokens_prefetched", stages)["PREFETCH"] for stages in (2, 3, 4)] + [form("tokens_chunked", 1)["PREFETCH"]] == [1, 2, 3, 0]
-    for stages in (1, 5):
-        with pytest.raises(ValueError, match="'tokens_prefetched' form takes num_stages 2 to 4"):
+    prefetch = [form("tokens_prefetched", stages)["PREFETCH"] for stages in (2, 3, 4, 5)]
+    assert prefetch + [form("tokens_chunked", 1)["PREFETCH"]] == [1, 2, 3, 4, 0]
+    for stages in (1, 6):
+        with pytest.raises(ValueError, match="'tokens_prefetched' form takes num_stages 2 to 5"):
             form("tokens_prefetched", stages)

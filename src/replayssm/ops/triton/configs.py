@@ -61,10 +61,13 @@ _MAMBA2_REPLAY = {
     (64, 128): LaunchConfig(block=8, split=3, num_warps=1),
 }
 # Flush launch, T = 1 and T > 1 (only rows whose ring is full work; the fold is a tl.dot: block >= 16).
-# spec_kernels --sweep, 2026-11-29: one program per head beat one tile per program by 12-15%.
+# spec_kernels --sweep, 2026-11-29: one program per head beat one tile per program by 12-15%. 2026-12-02 16:25
+# (run 21, T = 4, 2 of 4): the loop over the head's tiles software-pipelined, 3 stages (the next tiles' loads
+# by cp.async during this tile's fold) 459.1 / 499.1 us against 463.1 / 502.2 on 1 stage (96x80 / 128x64); the
+# flush kernel 3-5% faster in every headline row; 2 stages 468.1 / 508.4, 8 warps 505.4 / 563.5.
 _MAMBA2_FLUSH = {
-    (80, 128): LaunchConfig(block=16, split=1, num_warps=4),
-    (64, 128): LaunchConfig(block=16, split=1, num_warps=4),
+    (80, 128): LaunchConfig(block=16, split=1, num_warps=4, num_stages=3),
+    (64, 128): LaunchConfig(block=16, split=1, num_warps=4, num_stages=3),
 }
 # Verification (T > 1) main launch: one small tile per 1-warp program, the T tokens as one block with the
 # state product summed over N chunks ("tokens_chunked"). spec_kernels --sweep, T = 4, 2026-11-29 17:26:
@@ -73,6 +76,8 @@ _MAMBA2_FLUSH = {
 # 2026-12-02 (docs/kernels.md run 20): each chunk's loads issued ahead of its product ("tokens_prefetched")
 # on 8-row tiles, 3 chunks ahead (num_stages 4) 462.3 / 501.4 us, 2 ahead 474.0-474.9 / 512.2-513.2, against
 # 511.6-512.5 / 552.6-553.8 for "tokens_chunked" on 16 rows (16 rows prefetched: 479.8-487.6 / 520.7-528.3).
+# 2026-12-02 16:25 (run 21): 4 chunks ahead (num_stages 5, the whole 8-row tile before the first product) tied
+# with 3 (461.1 / 502.3 against 461.8 / 502.1 us).
 _MAMBA2_VERIFY = {
     (80, 128): LaunchConfig(block=8, split=10, num_warps=1, num_stages=4, form="tokens_prefetched"),
     (64, 128): LaunchConfig(block=8, split=8, num_warps=1, num_stages=4, form="tokens_prefetched"),
@@ -194,6 +199,11 @@ _MAMBA2_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {
     (80, 128): True,
     (64, 128): True,
 }
+# The same choice for verification (T > 1). Its token-block forms fold a folding row's tile chunk by chunk as
+# they load it (one read; the flush launch's rows are read twice: folded there, then read again by the main
+# launch, which waits for the flush launch). spec_kernels --sweep, T = 4, 2 of 4, 2026-12-02 (run 21): 685.5-
+# 698.7 / 736.6-751.3 us against 469.2-469.7 / 508.1-511.3 with the flush launch (96x80 / 128x64). Empty.
+_MAMBA2_VERIFY_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {}
 # GDN conventional kernel: decoding (one token) and the snapshot baseline of speculative decoding (T tokens,
 # each state written to its own slot). 2026-12-01, benchmarks/experiments/gdn_conventional_forms.py (16/32 heads,
 # after the kernel's sizes became compile-time constants and its loads lost their masks): decoding, 8-row
@@ -294,5 +304,6 @@ def gdn_decode_launches(value_dim: int, key_dim: int) -> int:
 
 def mamba2_fold_in_main(head_dim: int, state_size: int, num_tokens: int) -> bool:
     """Whether a Mamba-2 replay step folds full rings inside its main launch (else in a flush launch first)."""
-    return num_tokens == 1 and _MAMBA2_FOLD_IN_MAIN.get((head_dim, state_size), False)
+    table = _MAMBA2_FOLD_IN_MAIN if num_tokens == 1 else _MAMBA2_VERIFY_FOLD_IN_MAIN
+    return table.get((head_dim, state_size), False)
 

@@ -20,11 +20,11 @@ SPEC §2-3), three launches:
    the cursor (and, for verification, records T pending entries): nothing
    in this launch reads it.
 
-With ``fold_in_main`` (table ``_MAMBA2_FOLD_IN_MAIN``) launch 1 is not run: launch 2 comes first and
-also writes a folding row's fold weights and a copy of its ring B (which its append overwrites), and
-launch 3's tile programs of that row fold the ring into their tile (rank-1 updates), write it and
-carry on as if the ring were empty. No program exists only to read a cursor and exit, and a folded
-tile is read once.
+With ``fold_in_main`` (tables ``_MAMBA2_FOLD_IN_MAIN``, T = 1, and ``_MAMBA2_VERIFY_FOLD_IN_MAIN``)
+launch 1 is not run: launch 2 comes first and also writes a folding row's fold weights and a copy of
+its ring B (which its append overwrites), and launch 3's tile programs of that row fold the ring into
+their tile (rank-1 updates), write it and carry on as if the ring were empty. No program exists only
+to read a cursor and exit, and a folded tile is read once.
 
 Launches are ordered, which is the only synchronisation needed: each ring
 position and the cursor change only in a launch after every reader of them.
@@ -76,6 +76,21 @@ from .configs import (
 # tl.dot from two block loads, cost more registers in every program of the launch than the latency they
 # hid: docs/kernels.md run 9.)
 FOLD_CHUNK = tl.constexpr(4)
+# The same for ``fold_chunk_store`` (the token block's chunks): its loads' addresses are per-thread vectors
+# held beside the main launch's prefetched chunks, so fewer entries per iteration keep that launch's registers.
+CHUNK_FOLD_ENTRIES = tl.constexpr(2)
+
+
+@triton.jit
+def _fold_entry(i, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L):
+    """Ring entry i of a rank-1 fold: ``w[i] u_i[rows]`` and ``v_i[cols]`` in fp32, zeros for i >= n."""
+    live = i < n
+    m_u = tl.where(live, m_row, False)  # (a bool scalar in a mask trips the interpreter)
+    m_v = tl.where(live, m_k, False)
+    b_u = tl.load(p_u + i * s_u_l + o_row * s_u_row, mask=m_u, other=0.0).to(tl.float32)
+    b_v = tl.load(p_v + i * s_v_l + o_k, mask=m_v, other=0.0)
+    b_w = tl.where(live, tl.load(p_w + tl.minimum(i, L)), 0.0)  # w[i >= n] is unwritten scratch
+    return b_w * b_u, b_v
 
 
 @triton.jit
@@ -89,14 +104,8 @@ def fold_ring_store(b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, 
     b_S = b_S * tl.load(p_w + L)
     for i0 in range(0, n, FOLD_CHUNK):
         for j in tl.static_range(FOLD_CHUNK):
-            i = i0 + j
-            live = i < n
-            m_u = tl.where(live, m_row, False)  # (a bool scalar in a mask trips the interpreter)
-            m_v = tl.where(live, m_k, False)
-            b_u = tl.load(p_u + i * s_u_l + o_row * s_u_row, mask=m_u, other=0.0).to(tl.float32)
-            b_v = tl.load(p_v + i * s_v_l + o_k, mask=m_v, other=0.0)
-            b_w = tl.where(live, tl.load(p_w + tl.minimum(i, L)), 0.0)  # w[i >= n] is unwritten scratch
-            b_S += (b_w * b_u)[:, None] * b_v[None, :]
+            b_wu, b_v = _fold_entry(i0 + j, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_k, m_k, L)
+            b_S += b_wu[:, None] * b_v[None, :]
     b_stored = b_S.to(p_tile.dtype.element_ty)
     tl.store(p_tile, b_stored, mask=m_tile)
     tl.debug_barrier()
@@ -324,6 +333,26 @@ def _mamba2_weights_kernel(
 
 
 @triton.jit
+def fold_chunk_store(b_S_k, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, k, N, L, p_rows_ck, s_ck_n, N_CHUNK: tl.constexpr):
+    """Fold ``n`` ring entries into the token block's chunk k of a tile, store it, and return it as
+    stored: ``S_k <- w[L] S_k + sum_{i<n} w[i] u_i[rows] v_i[chunk k]^T`` by rank-1 updates in fp32
+    (u: x from the ring; v: B and w, the weights, from the step's fold scratch). ``b_S_k`` is the
+    chunk as loaded, a (1, rows, N_CHUNK) block in the product's layout. ``CHUNK_FOLD_ENTRIES`` entries
+    per loop iteration, so a chunk's fold is n / 2 dependent round trips to L2: why verification with
+    this fold lost to the flush launch (docs/kernels.md run 21; all 16 unrolled took 255 registers)."""
+    o_nk = k * N_CHUNK + tl.arange(0, N_CHUNK)
+    m_nk = o_nk < N
+    b_F = b_S_k.to(tl.float32) * tl.load(p_w + L)
+    for i0 in range(0, n, CHUNK_FOLD_ENTRIES):
+        for j in tl.static_range(CHUNK_FOLD_ENTRIES):
+            b_wu, b_v = _fold_entry(i0 + j, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_nk, m_nk, L)
+            b_F += b_wu[None, :, None] * b_v[None, None, :]
+    b_stored = b_F.to(p_rows_ck.dtype.element_ty)
+    tl.store(p_rows_ck[None, :, None] + o_nk[None, None, :] * s_ck_n, b_stored, mask=m_row[None, :, None] & m_nk[None, None, :])
+    return b_stored
+
+
+@triton.jit
 def _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, k, N, N_CHUNK: tl.constexpr):
     """The token block's chunk k of N: the tile's (1, rows, N_CHUNK) columns, loaded in the (T, rows,
     N_CHUNK) product's layout, and C's (T, N_CHUNK) block."""
@@ -371,14 +400,14 @@ def _mamba2_main_kernel(
       ``S C^T`` is one (T, rows, N) broadcast product reduced once (one set of cross-thread
       reductions for all T, where the per-token form has T); y is stored as a (T, rows) block. The
       tile is loaded as a (1, rows, N) block so that it lands in the product's layout (a 2D load
-      is converted through shared memory). A folding tile is folded and stored first, then re-read
-      (its own writes, visible after the fold's barrier).
+      is converted through shared memory). With ``FOLD_IN_MAIN`` a folding tile is folded chunk by chunk
+      as the chunks are loaded (``fold_chunk_store``), each stored and used as stored: one read.
     * ``"tokens_chunked"``: the same with the product accumulated over N chunks of N_CHUNK columns
       (fewer registers; sm_90 compiles show some chunks' loads issued after the C chunks' layout
       conversions, whose barriers may serialise them). The table's form for verification since
       docs/kernels.md run 9 (16-row tiles: 13-14% faster verify steps than per token).
     * ``"tokens_prefetched"``: ``"tokens_chunked"`` with each chunk's loads issued ``PREFETCH`` chunks
-      before its product (``LaunchConfig.num_stages - 1``, 1 to 3: the depth of this software pipeline; the
+      before its product (``LaunchConfig.num_stages - 1``, 1 to 4: the depth of this software pipeline; the
       launch itself runs on one stage). Each C chunk is converted to the product's layout through
       shared memory behind a CTA barrier, and its store to shared memory waits for its load: in the
       chunked form every chunk's tile loads were issued after the previous chunk's conversion, one
@@ -429,16 +458,14 @@ def _mamba2_main_kernel(
         m_out = tl.where(live, m_p, False)  # (m_p & live: a bool scalar in a mask trips the interpreter)
         p_rows_ck = p_ck_head + o_p.to(tl.int64) * s_ck_p
         p_tile = p_rows_ck[:, None] + o_n[None, :] * s_ck_n
-        if not TOKEN_BLOCK:  # (the token block reads the tile by N chunks, after any fold)
+        if not TOKEN_BLOCK:  # (the token block reads the tile by N chunks and folds each as it comes)
             b_S = tl.load(p_tile, mask=m_out[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-        if FOLD_IN_MAIN:
-            if n_fold >= 0:
-                if TOKEN_BLOCK:
-                    b_S = tl.load(p_tile, mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-                b_S = fold_ring_store(
-                    b_S, n_fold, p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h, p_ring_row_x, s_rx_l, s_rx_p, o_p, m_p,
-                    p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g, s_fB_l, o_n, m_n, L, p_tile, m_p[:, None] & m_n[None, :],
-                )  # fmt: skip
+            if FOLD_IN_MAIN:
+                if n_fold >= 0:
+                    b_S = fold_ring_store(
+                        b_S, n_fold, p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h, p_ring_row_x, s_rx_l, s_rx_p, o_p, m_p,
+                        p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g, s_fB_l, o_n, m_n, L, p_tile, m_p[:, None] & m_n[None, :],
+                    )  # fmt: skip
         b_rx = tl.load(
             p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_ring[:, None] & m_p[None, :], other=0.0
         ).to(tl.float32)
@@ -460,32 +487,50 @@ def _mamba2_main_kernel(
             # S C^T: products summed over the N chunks in registers, one cross-thread reduction at the end.
             # The tile chunk is loaded in 3D (the product's layout); C, small, is the operand converted.
             b_SC = tl.zeros((BLOCK_T, BLOCK_P, N_CHUNK), dtype=tl.float32)
-            if PREFETCH == 0:
-                for k in tl.static_range(BLOCK_N // N_CHUNK):
-                    b_S_k, b_C_k = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, k, N, N_CHUNK)
-                    b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
-            else:
-                # PREFETCH (1 to 3) chunks in flight: slots a, b, c hold chunks k, k + 1, k + 2 (as far as PREFETCH goes).
+            if FOLD_IN_MAIN:
+                # A folding row folds each chunk as it comes (one read of the tile), stores it, and takes its
+                # outputs from the chunk as stored with an empty ring (launch 2's weights for c = 0).
+                folding = n_fold >= 0
+                p_fold_w_row = p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h
+                p_fold_B_row = p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g
+            if PREFETCH >= 1:
+                # PREFETCH (1 to 4) chunks in flight: slots a, b, c, d hold chunks k, k + 1, k + 2, k + 3 (as far as
+                # PREFETCH goes; a chunk past the tile's last is a masked-off load).
                 b_S_a, b_C_a = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, 0, N, N_CHUNK)
                 if PREFETCH >= 2:
                     b_S_b, b_C_b = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, 1, N, N_CHUNK)
                 if PREFETCH >= 3:
                     b_S_c, b_C_c = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, 2, N, N_CHUNK)
-                for k in tl.static_range(BLOCK_N // N_CHUNK):
+                if PREFETCH >= 4:
+                    b_S_d, b_C_d = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, 3, N, N_CHUNK)
+            for k in tl.static_range(BLOCK_N // N_CHUNK):
+                if PREFETCH == 0:
+                    b_S_k, b_C_k = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, k, N, N_CHUNK)
+                else:
                     b_S_k, b_C_k = b_S_a, b_C_a
                     if PREFETCH >= 2:
                         b_S_a, b_C_a = b_S_b, b_C_b
                     if PREFETCH >= 3:
                         b_S_b, b_C_b = b_S_c, b_C_c
+                    if PREFETCH >= 4:
+                        b_S_c, b_C_c = b_S_d, b_C_d
                     if k + PREFETCH < BLOCK_N // N_CHUNK:
                         b_S_n, b_C_n = _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, k + PREFETCH, N, N_CHUNK)
                         if PREFETCH == 1:
                             b_S_a, b_C_a = b_S_n, b_C_n
                         elif PREFETCH == 2:
                             b_S_b, b_C_b = b_S_n, b_C_n
-                        else:
+                        elif PREFETCH == 3:
                             b_S_c, b_C_c = b_S_n, b_C_n
-                    b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
+                        else:
+                            b_S_d, b_C_d = b_S_n, b_C_n
+                if FOLD_IN_MAIN:
+                    if folding:
+                        b_S_k = fold_chunk_store(
+                            b_S_k, n_fold, p_fold_w_row, p_ring_row_x, s_rx_l, s_rx_p, o_p, m_p, p_fold_B_row, s_fB_l,
+                            k, N, L, p_rows_ck, s_ck_n, N_CHUNK,
+                        )  # fmt: skip
+                b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
             b_Y = b_decay_t[:, None] * tl.sum(b_SC, axis=2)
             b_Y += tl.sum(b_w_ring[:, :, None] * b_rx[None, :, :], axis=1)
             b_Y += tl.sum(b_w_new[:, :, None] * b_xn.to(tl.float32)[None, :, :], axis=1)
@@ -493,6 +538,9 @@ def _mamba2_main_kernel(
                 b_Z = tl.load(p_z + i_b64 * s_z_b + o_t[:, None] * s_z_t + i_h64 * s_z_h + o_p[None, :] * s_z_p, mask=m_tp, other=0.0).to(tl.float32)
                 b_Y = b_Y * b_Z * sigmoid(b_Z)
             tl.store(p_y + i_b64 * s_y_b + o_t[:, None] * s_y_t + i_h64 * s_y_h + o_p[None, :] * s_y_p, b_Y.to(p_y.dtype.element_ty), mask=m_tp)
+            if FOLD_IN_MAIN:
+                if folding:
+                    tl.debug_barrier()  # every thread has read the fold's ring x before the entries below overwrite them
             tl.store(p_ring_row_x + (c_eff + o_t[:, None]) * s_rx_l + o_p[None, :] * s_rx_p, b_xn.to(p_ring_x.dtype.element_ty), mask=m_tp)
         else:
             b_xn = tl.load(p_x_row + o_t[:, None] * s_x_t + o_p[None, :] * s_x_p, mask=m_t[:, None] & m_p[None, :], other=0.0)
@@ -605,8 +653,8 @@ def _main_form(cfg: LaunchConfig, num_tokens: int, block_t: int, block_n: int) -
         per_chunk = 32 * cfg.num_warps * _TOKEN_BLOCK_REGISTERS // (block_t * cfg.block)
         n_chunk = min(block_n, max(1, next_pow2(per_chunk + 1) // 2))  # the power of two <= per_chunk
     if cfg.form == "tokens_prefetched":
-        if cfg.num_stages not in (2, 3, 4):
-            raise ValueError(f"_mamba2_main_kernel: the 'tokens_prefetched' form takes num_stages 2 to 4 (1 to 3 chunks ahead), got {cfg.num_stages}")
+        if cfg.num_stages not in (2, 3, 4, 5):
+            raise ValueError(f"_mamba2_main_kernel: the 'tokens_prefetched' form takes num_stages 2 to 5 (1 to 4 chunks ahead), got {cfg.num_stages}")
         prefetch = cfg.num_stages - 1
     return dict(TOKEN_BLOCK=bool(cfg.form) and num_tokens > 1, N_CHUNK=n_chunk, PREFETCH=prefetch)
 
