@@ -195,6 +195,8 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         # by cp.async during this tile's fold; Mamba-2 on 3 since run 21, where 8 warps lost: 505.4 / 563.5 us
         # against 459.1 / 499.1).
         flush = [LaunchConfig(16, 1, 4), LaunchConfig(16, tiles(16), 4), LaunchConfig(16, 1, 4, 2), LaunchConfig(16, 1, 4, 3)]
+        if not gdn:  # the fold as a work list beside the main launch, whose other rows do not wait for it (run 22)
+            flush += [LaunchConfig(16, 1, 4, 3, form="beside", programs_per_sm=per_sm) for per_sm in (3, 2)]
         out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
     if not gdn and hasattr(configs, "_MAMBA2_WEIGHTS"):
         out.append(("_MAMBA2_WEIGHTS", configs._MAMBA2_WEIGHTS, (dim, key_dim), [LaunchConfig(1, 1, warps) for warps in (4, 1, 2)]))

@@ -78,6 +78,25 @@ def nth_folding_row(o_b, b_fold, b_rank, n):
     return tl.sum(tl.where(b_fold & (b_rank == n), o_b, 0), axis=0)
 
 
+@triton.jit
+def marked_folding_rows(p_pos, batch, BLOCK_B: tl.constexpr):
+    """``folding_rows`` for a fold launch after the weights launch, which marks a folding row ``pos < 0``
+    (its cursors are being moved meanwhile): ``(o_b, b_fold, b_rank, n_fold)``."""
+    o_b = tl.arange(0, BLOCK_B)
+    m_b = o_b < batch
+    b_fold = m_b & (tl.load(p_pos + o_b, mask=m_b, other=0) < 0)
+    b_rank, n_fold = rank_rows(b_fold)
+    return o_b, b_fold, b_rank, n_fold
+
+
+@triton.jit
+def worklist_item(o_b, b_fold, b_rank, item, heads, SPLIT: tl.constexpr):
+    """A fold work list's item ``item`` as (row, head, tile group): items run over the folding rows, then
+    their heads, then ``SPLIT`` tile groups per head."""
+    i_b = nth_folding_row(o_b, b_fold, b_rank, item // (heads * SPLIT))
+    return i_b, (item // SPLIT) % heads, item % SPLIT
+
+
 #: "worklist" fold launches: programs per multiprocessor when the launch table gives none.
 WORKLIST_PROGRAMS_PER_SM = 2
 

@@ -68,16 +68,16 @@ from .common import (
     folding_rows,
     head_suffix_sums,
     load_f32,
+    marked_folding_rows,
     next_pow2,
-    nth_folding_row,
     overlap_launches,
     pdl_launch_options,
-    rank_rows,
     store_cast,
     suffix_sums,
     uses_float64,
     wait_for_previous_launch,
     worklist_grid,
+    worklist_item,
 )
 from .configs import (
     LaunchConfig,
@@ -249,8 +249,7 @@ def _gdn_flush_kernel(
         items, first, stride = 1, 0, 1
     for item in range(first, items, stride):
         if WORKLIST:
-            i_b = nth_folding_row(o_b, b_fold, b_rank, item // (heads * SPLIT))
-            i_h, i_s = (item // SPLIT) % heads, item % SPLIT
+            i_b, i_h, i_s = worklist_item(o_b, b_fold, b_rank, item, heads, SPLIT)
         else:
             i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         _gdn_fold_head(
@@ -685,15 +684,10 @@ def _gdn_fold_finish_kernel(
     wait_for_previous_launch(USE_PDL)
     allow_next_launch(USE_PDL)
     worker, workers = tl.program_id(0), tl.num_programs(0)
-    o_b = tl.arange(0, BLOCK_B)
-    m_b = o_b < batch
-    b_pos = tl.load(p_pos + o_b, mask=m_b, other=0)
-    b_fold = m_b & (b_pos < 0)
-    b_rank, n_fold = rank_rows(b_fold)
+    o_b, b_fold, b_rank, n_fold = marked_folding_rows(p_pos, batch, BLOCK_B)
     items = n_fold * heads * SPLIT
     for item in range(worker, items, workers):
-        i_b = nth_folding_row(o_b, b_fold, b_rank, item // (heads * SPLIT))
-        i_h, i_s = (item // SPLIT) % heads, item % SPLIT
+        i_b, i_h, i_s = worklist_item(o_b, b_fold, b_rank, item, heads, SPLIT)
         i_kh = i_h // value_per_key
         i_h64, i_kh64, i_b64 = i_h.to(tl.int64), i_kh.to(tl.int64), i_b.to(tl.int64)
         slot = tl.load(p_rows + i_b).to(tl.int64)
