@@ -400,7 +400,8 @@ SWEEP_REPLAY = {
     "mamba2": [
         *(StepVariant(LaunchConfig(8, split, 1), fold_in_main=True, overlap=overlap) for split in (4, 3) for overlap in (False, True)),
         # the fold as a work list beside the main launch (run 22): the main launch without fold registers (64
-        # against 96 for sm_90), its folding rows' programs waiting for their head's fold
+        # against 96 for sm_90), its folding rows' programs waiting for their head's fold (verification: a tie or
+        # 1% slower; not yet timed here)
         *(StepVariant(LaunchConfig(8, split, 1), fold_in_main=False, flush=MAMBA2_BESIDE_FOLD, overlap=True) for split in (4, 3)),
     ],
     # (grid-form folds, 8-row main tiles and 4-warp weights launches: behind the work-list fold on 2026-12-01)
@@ -411,7 +412,8 @@ SWEEP_REPLAY = {
         *(StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD, overlap=overlap) for overlap in (False, True)),
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_WORKLIST_FOLD_WHOLE_HEADS, overlap=True),
         # the table's work list with each item's tile loop software-pipelined (3 stages: the next tiles' loads by
-        # cp.async during this tile's fold; 165 registers for sm_90, 3 programs per multiprocessor as before)
+        # cp.async during this tile's fold; 165 registers for sm_90, 3 programs per multiprocessor as before; a tie
+        # on 2026-12-02 16:31, 187.2 / 349.1 us against 185.9 / 349.3, run 21)
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 2, 4, 3, form="worklist", programs_per_sm=3), overlap=True),
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=GDN_GRID_FOLD, overlap=True),
         # the fold launch after the weights launch, beside the main launch, finishing the rows it folds

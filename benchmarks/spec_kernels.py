@@ -193,9 +193,10 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         # 348.5 / 363.1 us against 343.3 on 2026-12-02)
         # The loop over a head's tiles software-pipelined by Triton, 2 or 3 stages (the next tiles' loads issued
         # by cp.async during this tile's fold; Mamba-2 on 3 since run 21, where 8 warps lost: 505.4 / 563.5 us
-        # against 459.1 / 499.1).
+        # against 459.1 / 499.1; GDN on 3 tied, 338.2 against 339.3).
         flush = [LaunchConfig(16, 1, 4), LaunchConfig(16, tiles(16), 4), LaunchConfig(16, 1, 4, 2), LaunchConfig(16, 1, 4, 3)]
-        if not gdn:  # the fold as a work list beside the main launch, whose other rows do not wait for it (run 22)
+        if not gdn:  # the fold as a work list beside the main launch, whose other rows do not wait for it (run 22:
+            # 463.2-464.7 / 501.1-502.8 us against 458.9 / 498.1)
             flush += [LaunchConfig(16, 1, 4, 3, form="beside", programs_per_sm=per_sm) for per_sm in (3, 2)]
         out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
     if not gdn and hasattr(configs, "_MAMBA2_WEIGHTS"):
