@@ -357,8 +357,8 @@ class StepVariant:
     """A replay step launched otherwise than its tables say: ``config`` is the main launch's (GDN's single
     kernel's); ``launches=3``: a GDN decode step through verification's three launches, whose fold and
     weights launches take ``flush`` and ``weights``; ``fold_in_main`` (Mamba-2): full rings folded inside
-    the main launch (no flush launch); ``flush`` and ``weights`` (Mamba-2 too): the flush launch's (e.g. its
-    ``"beside"`` form, with ``fold_in_main=False``) and the weights launch's warps; ``overlap``:
+    the main launch (no flush launch); ``flush`` and ``weights`` (Mamba-2 too): the flush launch's and the
+    weights launch's warps; ``overlap``:
     the later launches with programmatic dependent launch (``configs.replay_overlap``). None: the table's
     choice."""
 
@@ -389,7 +389,6 @@ class StepVariant:
 # program, Mamba-2's 2-warp and 16-row programs, and the block / unrolled / dot forms of run 9 (removed
 # from the kernels).
 GDN_GRID_FOLD = LaunchConfig(16, 1, 4)
-MAMBA2_BESIDE_FOLD = LaunchConfig(16, 1, 4, 3, form="beside", programs_per_sm=3)
 GDN_WORKLIST_FOLD = LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=3)  # the table's (half-head items)
 GDN_WORKLIST_FOLD_WHOLE_HEADS = LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=2)  # the table's until 2026-12-01
 SWEEP_REPLAY = {
@@ -399,10 +398,8 @@ SWEEP_REPLAY = {
     # weights launch: 3-5% slower, removed)
     "mamba2": [
         *(StepVariant(LaunchConfig(8, split, 1), fold_in_main=True, overlap=overlap) for split in (4, 3) for overlap in (False, True)),
-        # the fold as a work list beside the main launch (run 22): the main launch without fold registers (64
-        # against 96 for sm_90), its folding rows' programs waiting for their head's fold (verification: a tie or
-        # 1% slower; not yet timed here)
-        *(StepVariant(LaunchConfig(8, split, 1), fold_in_main=False, flush=MAMBA2_BESIDE_FOLD, overlap=True) for split in (4, 3)),
+        # (the fold as a work list beside the main launch, run 22, lost here too: 312.3-313.7 / 332.2-333.0 /
+        # 173.3-174.4 us against 297.8 / 315.0 / 168.6 on 2026-12-02, run 23; removed)
     ],
     # (grid-form folds, 8-row main tiles and 4-warp weights launches: behind the work-list fold on 2026-12-01)
     # (main programs reading their tile before the wait: 2-3% slower, removed; 2 or 4 main programs per head,

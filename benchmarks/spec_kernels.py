@@ -167,6 +167,9 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         forms = [("tokens_chunked", 16, 1), ("tokens_chunked", 8, 1)]
         forms += [("tokens_prefetched", block, 1, stages) for block in (16, 8) for stages in (3, 4)]
         forms += [("tokens_prefetched", 8, 1, 5)]
+        # (run 23's "mma" form, the T outputs as tf32x3 tensor-core dots over 16 token rows as in GDN's, lost: 577.7
+        # / 537.4 us at best against 457.7 / 498.5, 96x80 / 128x64; not merged, benchmarks/data/h200/
+        # mamba2-verify-mma-attempt-2026-12-02.diff)
     else:
         dim, key_dim = geometry.value_dim, geometry.key_dim
         # Larger tiles and 2 warps lost every earlier sweep (625-948 against 455-537 us), programs looping over
@@ -195,9 +198,8 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         # by cp.async during this tile's fold; Mamba-2 on 3 since run 21, where 8 warps lost: 505.4 / 563.5 us
         # against 459.1 / 499.1; GDN on 3 tied, 338.2 against 339.3).
         flush = [LaunchConfig(16, 1, 4), LaunchConfig(16, tiles(16), 4), LaunchConfig(16, 1, 4, 2), LaunchConfig(16, 1, 4, 3)]
-        if not gdn:  # the fold as a work list beside the main launch, whose other rows do not wait for it (run 22:
-            # 463.2-464.7 / 501.1-502.8 us against 458.9 / 498.1)
-            flush += [LaunchConfig(16, 1, 4, 3, form="beside", programs_per_sm=per_sm) for per_sm in (3, 2)]
+        # (Mamba-2's fold as a work list beside the main launch, run 22: 463.2-464.7 / 501.1-502.8 us against
+        # 458.9 / 498.1; it lost in decoding too, run 23, and was removed)
         out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
     if not gdn and hasattr(configs, "_MAMBA2_WEIGHTS"):
         out.append(("_MAMBA2_WEIGHTS", configs._MAMBA2_WEIGHTS, (dim, key_dim), [LaunchConfig(1, 1, warps) for warps in (4, 1, 2)]))

@@ -67,13 +67,9 @@ def _gen():
 
 
 @pytest.mark.parametrize("device, overlap", DEVICES_OVERLAP)
-@pytest.mark.parametrize(
-    "fold_in_main, flush_config",
-    [(False, None), (True, None), (False, LaunchConfig(16, 1, 4, form="beside", programs_per_sm=1))],
-    ids=["fold-launch", "fold-in-main", "fold-beside"],
-)
+@pytest.mark.parametrize("fold_in_main", [False, True], ids=["fold-launch", "fold-in-main"])
 @pytest.mark.parametrize("dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt", CASES)
-def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt, fold_in_main, flush_config, overlap, device):
+def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol_ckpt, fold_in_main, overlap, device):
     """>= 3 window cycles, rows at different ring positions, outputs poisoned before each kernel call.
     ``overlap``: the later launches with programmatic dependent launch where the GPU has it ("plain": all
     plain launches)."""
@@ -90,9 +86,7 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol
         flushes += int((ours[5][rows] == window).sum())
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(
-            x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, fold_in_main=fold_in_main, flush_config=flush_config, overlap=overlap
-        )
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, fold_in_main=fold_in_main, overlap=overlap)
         assert rel_err(y, y_ref) < tol_out
         assert rel_err(ours[0], theirs[0]) < tol_ckpt
         for name, a, b in zip(("ring_x", "ring_B", "ring_dt", "ring_logdecay"), ours[1:5], theirs[1:5]):
@@ -142,8 +136,6 @@ VARIANTS = [
     # VERIFY_FORMS below has tiles of 2 and 4 chunks)
     pytest.param(LaunchConfig(16, 1, 2, 2, form="tokens_prefetched"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-prefetched1"),
     pytest.param(LaunchConfig(16, 3, 2, 3, form="tokens_prefetched"), None, id="block16-tokens-prefetched2-fold-in-main"),
-    # the fold beside the main launch, two items (tile groups) per head
-    pytest.param(LaunchConfig(16, 3, 1, form="tokens_chunked"), LaunchConfig(16, 2, 4, form="beside", programs_per_sm=1), id="block16-tokens-chunked-fold-beside"),
 ]
 
 
@@ -197,23 +189,11 @@ def test_weights_launch_warps(warps, fold_in_main, device):
             assert rel_err(a, b) < 1e-5
 
 
-# The flush launch's "beside" form: a work-list fold beside the main launch (one item per head, or two
-# tile groups per head), on few programs so that each loops over several items.
-BESIDE = LaunchConfig(16, 1, 4, form="beside", programs_per_sm=1)
-BESIDE_SPLIT = LaunchConfig(16, 2, 4, 2, form="beside", programs_per_sm=2)
-
-
 def main_launch_forms(*forms):
-    """Parametrize ``fold_in_main, config, flush_config``: the flush launch, the fold in the main launch and
-    the fold beside the main launch with the tables' configs, then ``forms`` ((fold_in_main, main launch
-    config, id) each, with the table's flush launch)."""
-    tables = [
-        pytest.param(False, None, None, id="fold-launch"),
-        pytest.param(True, None, None, id="fold-in-main"),
-        pytest.param(False, None, BESIDE, id="fold-beside"),
-        pytest.param(False, None, BESIDE_SPLIT, id="fold-beside-split2"),
-    ]
-    return pytest.mark.parametrize("fold_in_main, config, flush_config", tables + [pytest.param(f, c, None, id=i) for f, c, i in forms])
+    """Parametrize ``fold_in_main, config``: the flush launch and the fold in the main launch with the
+    tables' configs, then ``forms`` ((fold_in_main, main launch config, id) each)."""
+    tables = [pytest.param(False, None, id="fold-launch"), pytest.param(True, None, id="fold-in-main")]
+    return pytest.mark.parametrize("fold_in_main, config", tables + [pytest.param(f, c, id=i) for f, c, i in forms])
 
 
 # Decoding with either fold, and the fold in the main launch on 16-row tiles.
@@ -222,7 +202,7 @@ DECODE_FOLDS = main_launch_forms((True, LaunchConfig(16, 5, 1), "fold-in-main-bl
 
 @pytest.mark.parametrize("device", DEVICES)
 @DECODE_FOLDS
-def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, config, flush_config, device):
+def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, config, device):
     """fp32 checkpoint within 1e-5 of the float64 recurrence after every flush; outputs likewise."""
     batch, heads, head_dim, state_size, groups, window = 3, 2, 80, 48, 1, 5
     gen = _gen()
@@ -241,9 +221,7 @@ def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, config, flush
         before = naive.state.clone()
         flushing = (state[5] == window).cpu()
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(
-            x, dt, A, B, C, D, dt_bias, z, *state, rows, True, True, y=y, config=config, fold_in_main=fold_in_main, flush_config=flush_config
-        )
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *state, rows, True, True, y=y, config=config, fold_in_main=fold_in_main)
         for r in range(batch):
             y_r, naive.state[r] = naive.token(r, cpu(x[r, 0]), cpu(dt[r, 0]), cpu(A), cpu(B[r, 0]), cpu(C[r, 0]), cpu(D), cpu(dt_bias), cpu(z[r, 0]))
             assert rel_err(y[r, 0].cpu(), y_r) < 1e-5
@@ -270,7 +248,7 @@ VERIFY_FORMS = main_launch_forms(
 
 @pytest.mark.parametrize("device", DEVICES)
 @VERIFY_FORMS
-def test_verify_commit_tracks_float64_recurrence(fold_in_main, config, flush_config, device):
+def test_verify_commit_tracks_float64_recurrence(fold_in_main, config, device):
     """T = 2..4 tokens per launch, each row with its own number of real drafts (1..T; the rest is
     padding, never accepted), random accepted counts: outputs and materialize() vs the float64
     recurrence over accepted tokens only; ring, checkpoint and cursors vs the reference, across flushes."""
@@ -292,9 +270,7 @@ def test_verify_commit_tracks_float64_recurrence(fold_in_main, config, flush_con
         flushes += int((ours[5][rows] + T > window).sum())
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, False, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(
-            x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y, config=config, fold_in_main=fold_in_main, flush_config=flush_config
-        )
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y, config=config, fold_in_main=fold_in_main)
         assert rel_err(y, y_ref) < 1e-5
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
         accepted = (torch.rand(batch, generator=gen) * (drafts + 1)).long().clamp(max=drafts).to(device)
@@ -452,8 +428,9 @@ def test_unknown_main_form_is_rejected(form):
     "config, flush_config, fold_in_main, message",
     [(LaunchConfig(16, 1, 1, form="token"), None, True, "no form"), (LaunchConfig(8, 1, 1, form="fold_unrolled"), None, True, "no form"),
      (None, LaunchConfig(16, 1, 4, form="rows4"), False, "no form"),
-     (None, LaunchConfig(8, 1, 4, form="beside"), False, "tiles of >= 16 rows")],
-    ids=["main-unknown", "main-removed-form", "flush-form", "flush-tile-too-small"],
+     (None, LaunchConfig(16, 1, 4, form="beside"), False, "no form"),
+     (None, LaunchConfig(8, 1, 4), False, "tiles of >= 16 rows")],
+    ids=["main-unknown", "main-removed-form", "flush-form", "flush-removed-form", "flush-tile-too-small"],
 )  # fmt: skip
 def test_bad_form_raises_before_any_launch(config, flush_config, fold_in_main, message):
     """The step's launch configurations are checked before its first launch: the state is left as it was

@@ -7,7 +7,7 @@ on the GPU (types, 16-byte divisibility, constants), compiled for sm_90 with the
 ptxas, and the resources are read from the cubin (``cuobjdump --dump-resource-usage``); nothing runs. The
 cases: each geometry's decode step (T = 1) and verify step (``--tokens``), with the tables' launch
 configurations and, for GDN, the fold launch's ``"alongside"`` form, for Mamba-2 the fold in the main
-launch and beside it; the conventional kernels. Per launch it prints warps, registers per thread, local (spilled) bytes, shared
+launch; the conventional kernels. Per launch it prints warps, registers per thread, local (spilled) bytes, shared
 memory, and the programs per multiprocessor those allow (65,536 registers, 227 KiB of shared memory, 32
 programs and 64 warps per multiprocessor), the occupancy ceiling before the other limits. ``--ptx-dir``
 also writes each launch's PTX without its debug lines, numbered and named by case, so that two checkouts'
@@ -48,7 +48,6 @@ from replayssm.ops.triton.configs import LaunchConfig  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)  # the H200
 REGISTERS, SHARED, MAX_PROGRAMS, MAX_WARPS = 65536, 227 * 1024, 32, 64
 ALONGSIDE = LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=2)  # the decode sweep's candidate
-BESIDE = LaunchConfig(16, 1, 4, 3, form="beside", programs_per_sm=3)  # Mamba-2's fold launch beside the main launch
 
 launches: list[dict] = []
 
@@ -109,7 +108,6 @@ def cases(name: str, geometry, tokens: list[int], batch: int):
         variants.append(("alongside fold", StepVariant(None, 3, flush=ALONGSIDE)))
     else:
         variants.append(("fold in main", StepVariant(None, fold_in_main=True)))
-        variants.append(("fold beside", StepVariant(None, fold_in_main=False, flush=BESIDE)))
     for T in [1, *tokens]:
         inp = _tokens(case, T)
         for label, variant in variants:

@@ -65,7 +65,8 @@ _MAMBA2_REPLAY = {
 # (run 21, T = 4, 2 of 4): the loop over the head's tiles software-pipelined, 3 stages (the next tiles' loads
 # by cp.async during this tile's fold) 459.1 / 499.1 us against 463.1 / 502.2 on 1 stage (96x80 / 128x64); the
 # flush kernel 3-5% faster in every headline row; 2 stages 468.1 / 508.4, 8 warps 505.4 / 563.5. The "beside"
-# form (a work-list fold beside the main launch, run 22): 463.2-464.7 / 501.1-502.8 against 458.9 / 498.1.
+# form (a work-list fold beside the main launch, run 22): 463.2-464.7 / 501.1-502.8 against 458.9 / 498.1, and
+# in decoding 312.3-313.7 / 332.2-333.0 against 297.8 / 315.0 (run 23); removed.
 _MAMBA2_FLUSH = {
     (80, 128): LaunchConfig(block=16, split=1, num_warps=4, num_stages=3),
     (64, 128): LaunchConfig(block=16, split=1, num_warps=4, num_stages=3),

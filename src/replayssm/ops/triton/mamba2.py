@@ -26,19 +26,14 @@ its ring B (which its append overwrites), and launch 3's tile programs of that r
 their tile (rank-1 updates), write it and carry on as if the ring were empty. No program exists only
 to read a cursor and exit, and a folded tile is read once.
 
-With the flush launch's ``"beside"`` form, launch 2 comes first as with ``fold_in_main``, then
-``_mamba2_fold_beside_kernel`` folds the full rings as a work list while launch 3 runs: launch 3's
-programs of a folding row wait for their head's count of folded items, the others do not wait for it
-(docs/kernels.md run 22: the one place where launch order alone is not the synchronisation).
-
 Launches are ordered, which is the only synchronisation needed: each ring
 position and the cursor change only in a launch after every reader of them.
 On sm_90+ the launches after the first overlap the one before (programmatic
 dependent launch, ``configs.replay_overlap``): their programs wait in-kernel
 for it before touching anything it writes.
 Everything is read on the device (no host synchronisation); the only
-allocations are the output and the scratch (and the "beside" form's zeroed
-counts), so a step can be captured in a CUDA graph.
+allocations are the output and the scratch, so a step can be captured in a
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -57,15 +52,12 @@ from .common import (
     head_suffix_sums,
     next_pow2,
     overlap_launches,
-    marked_folding_rows,
     pdl_launch_options,
     sigmoid,
     softplus,
     suffix_sums,
     uses_float64,
     wait_for_previous_launch,
-    worklist_grid,
-    worklist_item,
 )
 from .configs import (
     LaunchConfig,
@@ -119,23 +111,6 @@ def fold_ring_store(b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, 
     tl.store(p_tile, b_stored, mask=m_tile)
     tl.debug_barrier()
     return b_stored.to(tl.float32)
-
-
-@triton.jit
-def _fold_store_head_tile(p_ck_head, p_ring_row_x, i_p, b_decay_f, b_wf, b_rB, m_hist, o_l, o_n, m_n, s_ck_p, s_ck_n, s_rx_l, s_rx_p,
-                          P, BLOCK_P: tl.constexpr):  # fmt: skip
-    """Tile ``i_p`` of a folding row's head: ``S <- exp(G) S + sum_i exp(G_i) dt_i x_i B_i^T`` in fp32 (one
-    rank-L ``tl.dot``), stored in the checkpoint dtype. Returns the tile's rows, their mask and the tile as
-    stored."""
-    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    m_p = o_p < P
-    m_tile = m_p[:, None] & m_n[None, :]
-    p_tile = p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n
-    b_S = tl.load(p_tile, mask=m_tile, other=0.0).to(tl.float32)
-    b_rx = tl.load(p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_hist[:, None] & m_p[None, :], other=0.0).to(tl.float32)
-    b_S_stored = fold_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB).to(p_ck_head.dtype.element_ty)
-    tl.store(p_tile, b_S_stored, mask=m_tile)
-    return o_p, m_p, b_S_stored
 
 
 @triton.jit
@@ -204,9 +179,17 @@ def _mamba2_flush_kernel(
         p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
         p_ring_row_x = p_ring_x + slot * s_rx_s + i_h64 * s_rx_h
         for i_p in range(i_s, NUM_TILES, SPLIT):
-            o_p, m_p, b_S_stored = _fold_store_head_tile(
-                p_ck_head, p_ring_row_x, i_p, b_decay_f, b_wf, b_rB, m_hist, o_l, o_n, m_n, s_ck_p, s_ck_n, s_rx_l, s_rx_p, P, BLOCK_P
-            )
+            o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
+            m_p = o_p < P
+            m_tile = m_p[:, None] & m_n[None, :]
+            p_tile = p_ck_head + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n
+            b_S = tl.load(p_tile, mask=m_tile, other=0.0).to(tl.float32)
+            b_rx = tl.load(
+                p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_hist[:, None] & m_p[None, :], other=0.0
+            ).to(tl.float32)
+            # S <- exp(G) S + sum_i exp(G_i) dt_i x_i B_i^T, in fp32.
+            b_S_stored = fold_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB).to(p_ckpt.dtype.element_ty)
+            tl.store(p_tile, b_S_stored, mask=m_tile)
             if T == 1:
                 b_x = tl.load(p_x + i_b64 * s_x_b + i_h64 * s_x_h + o_p * s_x_p, mask=m_p, other=0.0).to(tl.float32)
                 b_y = b_decay * tl.sum(b_S_stored.to(tl.float32) * b_C[None, :], axis=1) + b_wx * b_x
@@ -214,62 +197,6 @@ def _mamba2_flush_kernel(
                     b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
                     b_y = b_y * b_z * sigmoid(b_z)
                 tl.store(p_y + i_b64 * s_y_b + i_h64 * s_y_h + o_p * s_y_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
-
-
-@triton.jit
-def _mamba2_fold_beside_kernel(
-    p_ckpt, p_ring_x, p_rows, p_pos, p_fold_w, p_fold_B, p_done,
-    s_ck_s, s_ck_h, s_ck_p, s_ck_n,
-    s_rx_s, s_rx_l, s_rx_h, s_rx_p,
-    s_fw_b, s_fw_h,
-    s_fB_b, s_fB_g, s_fB_l,
-    P, N, L, heads_per_group, batch, heads,
-    USE_PDL: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_B: tl.constexpr,
-    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
-):  # fmt: skip
-    """The flush launch's ``"beside"`` form: launched after the weights launch (which runs first, as with
-    ``FOLD_IN_MAIN``: it marks the folding rows ``pos = -1 - cursor``, writes their fold weights and a copy
-    of their ring B, and appends) and before the main launch, which does not wait for it as a launch.
-
-    A fixed grid of programs loops over the (folding row, head, tile group) items; an item folds its tiles
-    (fp32, one rank-L ``tl.dot`` per tile, stored in the checkpoint dtype) from the fold scratch and the
-    ring's x entries, then counts itself in ``done[row, head]`` (zeroed before the weights launch). The
-    main launch's programs of a folding row wait for that count (``SPLIT``) before they read their tile;
-    the other rows' programs never wait for this launch.
-
-    ``USE_PDL``: its programs wait for the weights launch, then let the main launch start, so the main
-    launch starts only after the weights launch has finished and runs beside this one.
-    """
-    wait_for_previous_launch(USE_PDL)
-    allow_next_launch(USE_PDL)
-    worker, workers = tl.program_id(0), tl.num_programs(0)
-    o_b, b_fold, b_rank, n_fold = marked_folding_rows(p_pos, batch, BLOCK_B)
-    o_n = tl.arange(0, BLOCK_N)
-    o_l = tl.arange(0, BLOCK_L)
-    m_n = o_n < N
-    for item in range(worker, n_fold * heads * SPLIT, workers):
-        i_b, i_h, i_s = worklist_item(o_b, b_fold, b_rank, item, heads, SPLIT)
-        i_g = i_h // heads_per_group
-        i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
-        slot = tl.load(p_rows + i_b).to(tl.int64)
-        cur = -1 - tl.load(p_pos + i_b)
-        m_hist = o_l < cur
-        p_fw_row = p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h
-        b_wf = tl.load(p_fw_row + o_l, mask=m_hist, other=0.0)
-        b_decay_f = tl.load(p_fw_row + L)
-        b_rB = tl.load(
-            p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g + o_l[:, None] * s_fB_l + o_n[None, :], mask=m_hist[:, None] & m_n[None, :], other=0.0
-        )
-        p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
-        p_ring_row_x = p_ring_x + slot * s_rx_s + i_h64 * s_rx_h
-        for i_p in range(i_s, NUM_TILES, SPLIT):
-            _fold_store_head_tile(
-                p_ck_head, p_ring_row_x, i_p, b_decay_f, b_wf, b_rB, m_hist, o_l, o_n, m_n, s_ck_p, s_ck_n, s_rx_l, s_rx_p, P, BLOCK_P
-            )
-        # Every thread's stores are done (the barrier) before the count that lets the main launch read them.
-        tl.debug_barrier()
-        tl.atomic_add(p_done + i_b64 * heads + i_h, 1, sem="release")
 
 
 @triton.jit
@@ -439,7 +366,7 @@ def _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, 
 
 @triton.jit
 def _mamba2_main_kernel(
-    p_x, p_C, p_z, p_y, p_ckpt, p_ring_x, p_cursor, p_pending, p_rows, p_w, p_pos, p_fold_w, p_fold_B, p_done,
+    p_x, p_C, p_z, p_y, p_ckpt, p_ring_x, p_cursor, p_pending, p_rows, p_w, p_pos, p_fold_w, p_fold_B,
     s_x_b, s_x_t, s_x_h, s_x_p,
     s_C_b, s_C_t, s_C_g, s_C_n,
     s_z_b, s_z_t, s_z_h, s_z_p,
@@ -450,8 +377,8 @@ def _mamba2_main_kernel(
     s_fw_b, s_fw_h,
     s_fB_b, s_fB_g, s_fB_l,
     P, N, L, heads_per_group,
-    T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr, FOLD_IN_MAIN: tl.constexpr, BESIDE: tl.constexpr,
-    TOKEN_BLOCK: tl.constexpr, N_CHUNK: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr, FOLD_ITEMS: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
+    TOKEN_BLOCK: tl.constexpr, N_CHUNK: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -490,31 +417,14 @@ def _mamba2_main_kernel(
     ``USE_PDL`` (launched with ``launch_pdl``): this launch may start while launch 2 (and launch 1
     before it) still run; its programs wait for launch 2 before reading anything but their row's slot.
     (Reading the first checkpoint tile before the wait was slower: docs/kernels.md run 11.)
-
-    ``BESIDE`` (the flush launch's ``"beside"`` form, ``_mamba2_fold_beside_kernel``): launched after that
-    fold launch and run beside it, without waiting for it as a launch; it starts only after the weights
-    launch has finished (the fold launch's programs let it start after their wait for that launch). The
-    programs of a folding row (``pos < 0``) wait until its fold has counted ``FOLD_ITEMS`` items for their
-    head, then read the folded tile with an empty ring. The grid's last program waits for the fold launch
-    before it ends, so that this launch ends after it.
     """
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_g = i_h // heads_per_group
     i_h64, i_g64, i_b64 = i_h.to(tl.int64), i_g.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
-    if BESIDE:
-        pos = tl.load(p_pos + i_b)
-        if pos < 0:
-            p_count = p_done + i_b64 * tl.num_programs(1) + i_h
-            done = tl.atomic_add(p_count, 0, sem="acquire")
-            while done < FOLD_ITEMS:
-                done = tl.atomic_add(p_count, 0, sem="acquire")
-    else:
-        wait_for_previous_launch(USE_PDL)
-        pos = tl.load(p_pos + i_b)
-    if BESIDE:
-        live = True
-    elif FOLD_IN_MAIN:
+    wait_for_previous_launch(USE_PDL)
+    pos = tl.load(p_pos + i_b)
+    if FOLD_IN_MAIN:
         live = True
         n_fold = -1 - pos  # entries to fold first (< 0: none)
     else:
@@ -652,11 +562,6 @@ def _mamba2_main_kernel(
                 p_ring_row_x + (c_eff + o_t[:, None]) * s_rx_l + o_p[None, :] * s_rx_p,
                 b_xn.to(p_ring_x.dtype.element_ty), mask=m_t[:, None] & m_p[None, :],
             )
-    if BESIDE:
-        # The grid's last program waits for the fold launch, so that this launch ends after it (a launch
-        # that waits for nothing could end first; programmatic dependent launch orders by the wait).
-        if (i_s == tl.num_programs(0) - 1) & (i_h == tl.num_programs(1) - 1) & (i_b == tl.num_programs(2) - 1):
-            wait_for_previous_launch(USE_PDL)
 
 
 @triton.jit
@@ -768,9 +673,7 @@ def mamba2_step_out(
     (``weights_config``: only its ``num_warps`` counts; default from ``mamba2_weights_config``),
     ``_mamba2_main_kernel`` (``config``; default from the replay table for T = 1, the verify table
     for T > 1). ``fold_in_main`` (default from ``mamba2_fold_in_main``): no flush launch; the main
-    launch folds full rings tile by tile. ``flush_config.form == "beside"``: the weights launch first, then
-    the fold as a work list beside the main launch (``_mamba2_fold_beside_kernel``; ``programs_per_sm``
-    sizes its grid). ``config.form`` picks the main launch's form (see
+    launch folds full rings tile by tile. ``config.form`` picks the main launch's form (see
     ``_mamba2_main_kernel``). ``overlap`` (default ``replay_overlap()``): the launches after the first
     with programmatic dependent launch where the GPU has it (``common.overlap_launches``).
     """
@@ -784,16 +687,9 @@ def mamba2_step_out(
     pos = torch.empty(batch, dtype=torch.int32, device=x.device)
     if fold_in_main is None:
         fold_in_main = mamba2_fold_in_main(head_dim, state_size, num_tokens)
-    fcfg = flush_config or mamba2_flush_config(head_dim, state_size)
-    # "beside": the weights launch first (as with the fold in the main launch), then a work-list fold launch
-    # beside the main launch, whose folding rows' programs wait for their head's fold (docs/kernels.md run 22).
-    beside = not fold_in_main and fcfg.form == "beside"
-    # The fold's scratch (FOLD_IN_MAIN, "beside"): per-head weights and decay, and the B entries the append overwrites.
-    scratch = fold_in_main or beside
-    fold_w = torch.empty(batch, heads, window + 1, dtype=torch.float32, device=x.device) if scratch else None
-    fold_B = torch.empty(batch, groups, window, state_size, dtype=torch.float32, device=x.device) if scratch else None
-    # "beside": each (row, head)'s count of folded items, zero before the step's first launch.
-    done = torch.zeros(batch, heads, dtype=torch.int32, device=x.device) if beside else pos
+    # The fold's scratch (FOLD_IN_MAIN): per-head weights and decay, and the B entries the append overwrites.
+    fold_w = torch.empty(batch, heads, window + 1, dtype=torch.float32, device=x.device) if fold_in_main else None
+    fold_B = torch.empty(batch, groups, window, state_size, dtype=torch.float32, device=x.device) if fold_in_main else None
     fold_strides = dict(
         **dict(zip(("s_fw_b", "s_fw_h"), _strides(fold_w, 3)[:2])),
         **dict(zip(("s_fB_b", "s_fB_g", "s_fB_l"), _strides(fold_B, 4)[:3])),
@@ -806,21 +702,21 @@ def mamba2_step_out(
         **dict(zip(("s_rld_s", "s_rld_l", "s_rld_h"), ring_logdecay.stride())),
     )  # fmt: skip
     flags = dict(HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus)
+    fcfg = flush_config or mamba2_flush_config(head_dim, state_size)
     # Every launch's configuration is checked before the first launch: a bad form must not leave a half-done step.
     if config is None:
         config = mamba2_replay_config(head_dim, state_size) if num_tokens == 1 else mamba2_verify_config(head_dim, state_size)
     main_form = _main_form(config, num_tokens, block_t, block_n)
     wcfg = weights_config or mamba2_weights_config(head_dim, state_size, num_tokens)
-    check_form("_mamba2_flush_kernel", fcfg, ("", "beside"))
+    check_form("_mamba2_flush_kernel", fcfg)
     check_form("_mamba2_weights_kernel", wcfg)
     if not fold_in_main and fcfg.block < 16:
         raise ValueError(f"_mamba2_flush_kernel: the fold needs tiles of >= 16 rows (tl.dot), got {fcfg.block}")
     num_tiles, split = _tiles(head_dim, fcfg)
-    fold_items = split  # "beside": items per (row, head) of the fold launch
     use_pdl = overlap_launches(x.device, replay_overlap() if overlap is None else overlap)
     later = pdl_launch_options(use_pdl)  # the launches after the step's first (a plain one: its inputs come from before the op)
     with device_context(x):
-        if not scratch:
+        if not fold_in_main:
             _mamba2_flush_kernel[(split, heads, batch)](
                 p_x=x1, p_dt=dt1, p_A=A, p_B=B1, p_C=C1, p_D=D, p_dt_bias=dt_bias, p_z=z1, p_y=y1,
                 p_ckpt=checkpoint, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay,
@@ -849,24 +745,14 @@ def mamba2_step_out(
             **ring_strides,
             **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
             **fold_strides,
-            N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, FOLD_IN_MAIN=scratch, USE_PDL=use_pdl,
+            N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, FOLD_IN_MAIN=fold_in_main, USE_PDL=use_pdl,
             **flags, BLOCK_J=next_pow2(heads_per_group), BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t,
-            num_warps=wcfg.num_warps, **({} if scratch else later),
+            num_warps=wcfg.num_warps, **({} if fold_in_main else later),
         )  # fmt: skip
-        if beside:
-            _mamba2_fold_beside_kernel[(worklist_grid(x.device, batch * heads * split, fcfg),)](
-                p_ckpt=checkpoint, p_ring_x=ring_x, p_rows=rows, p_pos=pos, p_fold_w=fold_w, p_fold_B=fold_B, p_done=done,
-                **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
-                **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
-                **fold_strides,
-                P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, batch=batch, heads=heads, USE_PDL=use_pdl,
-                BLOCK_P=fcfg.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_B=next_pow2(batch), NUM_TILES=num_tiles, SPLIT=split,
-                num_warps=fcfg.num_warps, num_stages=fcfg.num_stages, **later,
-            )  # fmt: skip
         num_tiles, split = _tiles(head_dim, config)
         _mamba2_main_kernel[(split, heads, batch)](
             p_x=x, p_C=C, p_z=z, p_y=y, p_ckpt=checkpoint, p_ring_x=ring_x,
-            p_cursor=cursor, p_pending=pending, p_rows=rows, p_w=weights, p_pos=pos, p_fold_w=fold_w, p_fold_B=fold_B, p_done=done,
+            p_cursor=cursor, p_pending=pending, p_rows=rows, p_w=weights, p_pos=pos, p_fold_w=fold_w, p_fold_B=fold_B,
             **dict(zip(("s_x_b", "s_x_t", "s_x_h", "s_x_p"), x.stride())),
             **dict(zip(("s_C_b", "s_C_t", "s_C_g", "s_C_n"), C.stride())),
             **dict(zip(("s_z_b", "s_z_t", "s_z_h", "s_z_p"), _strides(z, 4))),
@@ -876,8 +762,8 @@ def mamba2_step_out(
             **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
             **fold_strides,
             P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group,
-            T=num_tokens, COMMIT=commit, HAS_Z=z is not None, FOLD_IN_MAIN=fold_in_main, BESIDE=beside,
-            **main_form, USE_PDL=use_pdl, FOLD_ITEMS=fold_items,
+            T=num_tokens, COMMIT=commit, HAS_Z=z is not None, FOLD_IN_MAIN=fold_in_main,
+            **main_form, USE_PDL=use_pdl,
             BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
             num_warps=config.num_warps, num_stages=1 if main_form["PREFETCH"] else config.num_stages, **later,
         )  # fmt: skip
