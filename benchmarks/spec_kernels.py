@@ -146,9 +146,8 @@ class SpecCase:
 def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     """The launch tables a verify step uses that the sweep tunes: (name, table, this geometry's key, candidates).
 
-    Mamba-2's fold (``_MAMBA2_VERIFY_FOLD_IN_MAIN``: in the flush launch or in the main launch), the main
-    launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional kernel;
-    Mamba-2 also in its token-block forms), the flush launch (``_MAMBA2_FLUSH``, shared with decoding, /
+    The main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional
+    kernel; Mamba-2 also in its token-block forms), the flush launch (``_MAMBA2_FLUSH``, shared with decoding, /
     ``_GDN_FLUSH``; block >= 16, its fold is a ``tl.dot``) and the weights launch (``_MAMBA2_WEIGHTS`` /
     ``_GDN_WEIGHTS``, warps only).
     """
@@ -179,9 +178,6 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         forms = [("mma", 16, 1, 3), ("mma", 16, 1, 4), ("mma", 16, 1, 2), ("mma", 32, 1, 3), ("mma", 32, 1, 4), ("mma", 32, 2, 3), ("mma", 64, 4, 2), ("mma", 128, 4, 2)]
     tiles = lambda block: -(-dim // block)  # noqa: E731
     out = []
-    if isinstance(geometry, Mamba2Geometry) and hasattr(configs, "_MAMBA2_VERIFY_FOLD_IN_MAIN"):
-        # Where the folding rows fold: the flush launch (False) or the main launch's tiles (True); swept first.
-        out.append(("_MAMBA2_VERIFY_FOLD_IN_MAIN", configs._MAMBA2_VERIFY_FOLD_IN_MAIN, (dim, key_dim), [False, True]))
     name, shapes = main
     gdn = not isinstance(geometry, Mamba2Geometry)
     if hasattr(configs, name):

@@ -119,8 +119,8 @@ def test_replay_step_without_optional_inputs_and_uncommitted(device):
         assert rel_err(ours[1], theirs[1]) < 1e-6 and rel_err(ours[4], theirs[4]) < 1e-6
 
 
-# (main kernel config, flush kernel config or None: fold in the main launch); the flush kernel's
-# fold is a tl.dot: block >= 16
+# (main kernel config, flush kernel config or None: fold in the main launch at T = 1, the table's flush
+# launch at T = 2); the flush kernel's fold is a tl.dot: block >= 16
 VARIANTS = [
     pytest.param(LaunchConfig(32, 1, 4), LaunchConfig(16, 2, 2), id="block32-split1"),
     pytest.param(LaunchConfig(16, 2, 2), LaunchConfig(32, 1, 4), id="block16-split2"),
@@ -156,7 +156,7 @@ def test_replay_step_launch_variants(config, flush_config, device):
         y = torch.full_like(x, float("nan"))
         kernels.mamba2_step_out(
             x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, config=config, flush_config=flush_config,
-            fold_in_main=flush_config is None,
+            fold_in_main=flush_config is None and T == 1,
         )
         assert rel_err(y, y_ref) < 1e-5
         for a, b in zip(ours, theirs):
@@ -189,15 +189,12 @@ def test_weights_launch_warps(warps, fold_in_main, device):
             assert rel_err(a, b) < 1e-5
 
 
-def main_launch_forms(*forms):
-    """Parametrize ``fold_in_main, config``: the flush launch and the fold in the main launch with the
-    tables' configs, then ``forms`` ((fold_in_main, main launch config, id) each)."""
-    tables = [pytest.param(False, None, id="fold-launch"), pytest.param(True, None, id="fold-in-main")]
-    return pytest.mark.parametrize("fold_in_main, config", tables + [pytest.param(f, c, id=i) for f, c, i in forms])
-
-
-# Decoding with either fold, and the fold in the main launch on 16-row tiles.
-DECODE_FOLDS = main_launch_forms((True, LaunchConfig(16, 5, 1), "fold-in-main-block16"))
+# Decoding with either fold and the table's main launch, and the fold in the main launch on 16-row tiles.
+DECODE_FOLDS = pytest.mark.parametrize(
+    "fold_in_main, config",
+    [pytest.param(False, None, id="fold-launch"), pytest.param(True, None, id="fold-in-main"),
+     pytest.param(True, LaunchConfig(16, 5, 1), id="fold-in-main-block16")],
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -231,24 +228,29 @@ def test_replay_checkpoint_tracks_float64_recurrence(fold_in_main, config, devic
     assert checked >= 6
 
 
-# Verification with the token block (head_dim 16: one or two tiles), after either fold; 16 rows on one
-# warp with N chunks gives 2 chunks of 16 at T = 3, 4 (one at T = 2).
-VERIFY_FORMS = main_launch_forms(
-    (False, LaunchConfig(8, 2, 1, form="tokens"), "fold-launch-tokens-block8"),
-    (True, LaunchConfig(16, 1, 2, form="tokens"), "fold-in-main-tokens-block16"),
-    (True, LaunchConfig(16, 1, 1, form="tokens_chunked"), "fold-in-main-tokens-chunked-block16"),
-    # 32-row tiles on one warp: N chunks of 8, four of them at T = 3, 4 (two at T = 2), loaded 2 / 1 ahead
-    (False, LaunchConfig(32, 1, 1, 3, form="tokens_prefetched"), "fold-launch-tokens-prefetched2-block32"),
-    (True, LaunchConfig(32, 1, 1, 2, form="tokens_prefetched"), "fold-in-main-tokens-prefetched1-block32"),
-    (True, LaunchConfig(32, 1, 1, 4, form="tokens_prefetched"), "fold-in-main-tokens-prefetched3-block32"),
-    # 4 ahead: every chunk of the tile loaded before the first product (T = 3, 4), loads past the last masked off (T = 2)
-    (False, LaunchConfig(32, 1, 1, 5, form="tokens_prefetched"), "fold-launch-tokens-prefetched4-block32"),
+# Verification (the flush launch folds) with the table's main launch and the token block's forms (head_dim
+# 16: one or two tiles); 16 rows on one warp with N chunks gives 2 chunks of 16 at T = 3, 4 (one at T = 2).
+VERIFY_FORMS = pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(None, id="table"),
+        pytest.param(LaunchConfig(8, 2, 1, form="tokens"), id="tokens-block8"),
+        pytest.param(LaunchConfig(16, 1, 2, form="tokens"), id="tokens-block16"),
+        pytest.param(LaunchConfig(16, 1, 1, form="tokens_chunked"), id="tokens-chunked-block16"),
+        # 32-row tiles on one warp: N chunks of 8, four of them at T = 3, 4 (two at T = 2), loaded 1 / 2 / 3 ahead
+        pytest.param(LaunchConfig(32, 1, 1, 2, form="tokens_prefetched"), id="tokens-prefetched1-block32"),
+        pytest.param(LaunchConfig(32, 1, 1, 3, form="tokens_prefetched"), id="tokens-prefetched2-block32"),
+        pytest.param(LaunchConfig(32, 1, 1, 4, form="tokens_prefetched"), id="tokens-prefetched3-block32"),
+        # 4 ahead: every chunk of the tile loaded before the first product (T = 3, 4), loads past the last masked
+        # off (T = 2)
+        pytest.param(LaunchConfig(32, 1, 1, 5, form="tokens_prefetched"), id="tokens-prefetched4-block32"),
+    ],
 )
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @VERIFY_FORMS
-def test_verify_commit_tracks_float64_recurrence(fold_in_main, config, device):
+def test_verify_commit_tracks_float64_recurrence(config, device):
     """T = 2..4 tokens per launch, each row with its own number of real drafts (1..T; the rest is
     padding, never accepted), random accepted counts: outputs and materialize() vs the float64
     recurrence over accepted tokens only; ring, checkpoint and cursors vs the reference, across flushes."""
@@ -270,7 +272,7 @@ def test_verify_commit_tracks_float64_recurrence(fold_in_main, config, device):
         flushes += int((ours[5][rows] + T > window).sum())
         y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, False, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y, config=config, fold_in_main=fold_in_main)
+        kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y, config=config)
         assert rel_err(y, y_ref) < 1e-5
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
         accepted = (torch.rand(batch, generator=gen) * (drafts + 1)).long().clamp(max=drafts).to(device)
@@ -425,20 +427,21 @@ def test_unknown_main_form_is_rejected(form):
 
 
 @pytest.mark.parametrize(
-    "config, flush_config, fold_in_main, message",
-    [(LaunchConfig(16, 1, 1, form="token"), None, True, "no form"), (LaunchConfig(8, 1, 1, form="fold_unrolled"), None, True, "no form"),
-     (None, LaunchConfig(16, 1, 4, form="rows4"), False, "no form"),
-     (None, LaunchConfig(16, 1, 4, form="beside"), False, "no form"),
-     (None, LaunchConfig(8, 1, 4), False, "tiles of >= 16 rows")],
-    ids=["main-unknown", "main-removed-form", "flush-form", "flush-removed-form", "flush-tile-too-small"],
+    "config, flush_config, fold_in_main, num_tokens, message",
+    [(LaunchConfig(16, 1, 1, form="token"), None, True, 1, "no form"), (LaunchConfig(8, 1, 1, form="fold_unrolled"), None, True, 1, "no form"),
+     (None, LaunchConfig(16, 1, 4, form="rows4"), False, 1, "no form"),
+     (None, LaunchConfig(16, 1, 4, form="beside"), False, 1, "no form"),
+     (None, LaunchConfig(8, 1, 4), False, 1, "tiles of >= 16 rows"),
+     (None, None, True, 2, "fold_in_main is for decoding")],
+    ids=["main-unknown", "main-removed-form", "flush-form", "flush-removed-form", "flush-tile-too-small", "verify-fold-in-main"],
 )  # fmt: skip
-def test_bad_form_raises_before_any_launch(config, flush_config, fold_in_main, message):
+def test_bad_form_raises_before_any_launch(config, flush_config, fold_in_main, num_tokens, message):
     """The step's launch configurations are checked before its first launch: the state is left as it was
     (CPU tensors: on a GPU machine they could not even be launched)."""
     gen = _gen()
     heads, head_dim, state_size, groups, window, batch = 2, 16, 16, 1, 4, 2
     state = _state(batch, heads, head_dim, state_size, groups, window, torch.float32, torch.float32, "cpu", gen)
-    x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, "cpu", gen)
+    x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, "cpu", gen, num_tokens=num_tokens)
     A, D, dt_bias = _params(heads, "cpu", gen)
     before = [t.clone() for t in state]
     with pytest.raises(ValueError, match=message):

@@ -201,11 +201,10 @@ _MAMBA2_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {
     (80, 128): True,
     (64, 128): True,
 }
-# The same choice for verification (T > 1). Its token-block forms fold a folding row's tile chunk by chunk as
-# they load it (one read; the flush launch's rows are read twice: folded there, then read again by the main
-# launch, which waits for the flush launch). spec_kernels --sweep, T = 4, 2 of 4, 2026-12-02 (run 21): 685.5-
-# 698.7 / 736.6-751.3 us against 469.2-469.7 / 508.1-511.3 with the flush launch (96x80 / 128x64). Empty.
-_MAMBA2_VERIFY_FOLD_IN_MAIN: dict[tuple[int, int], bool] = {}
+# Verification (T > 1) always folds in the flush launch. Its token-block forms folding a folding row's tile
+# chunk by chunk as they loaded it (one read, where the flush launch's rows are read twice) lost: spec_kernels
+# --sweep, T = 4, 2 of 4, 2026-12-02 (run 21): 685.5-698.7 / 736.6-751.3 us against 469.2-469.7 / 508.1-511.3
+# with the flush launch (96x80 / 128x64); removed in run 24.
 # GDN conventional kernel: decoding (one token) and the snapshot baseline of speculative decoding (T tokens,
 # each state written to its own slot). 2026-12-01, benchmarks/experiments/gdn_conventional_forms.py (16/32 heads,
 # after the kernel's sizes became compile-time constants and its loads lost their masks): decoding, 8-row
@@ -305,7 +304,7 @@ def gdn_decode_launches(value_dim: int, key_dim: int) -> int:
 
 
 def mamba2_fold_in_main(head_dim: int, state_size: int, num_tokens: int) -> bool:
-    """Whether a Mamba-2 replay step folds full rings inside its main launch (else in a flush launch first)."""
-    table = _MAMBA2_FOLD_IN_MAIN if num_tokens == 1 else _MAMBA2_VERIFY_FOLD_IN_MAIN
-    return table.get((head_dim, state_size), False)
+    """Whether a Mamba-2 replay step folds full rings inside its main launch (else in a flush launch first):
+    the table's choice for decoding (T = 1); verification (T > 1) always uses the flush launch."""
+    return num_tokens == 1 and _MAMBA2_FOLD_IN_MAIN.get((head_dim, state_size), False)
 

@@ -20,11 +20,11 @@ SPEC §2-3), three launches:
    the cursor (and, for verification, records T pending entries): nothing
    in this launch reads it.
 
-With ``fold_in_main`` (tables ``_MAMBA2_FOLD_IN_MAIN``, T = 1, and ``_MAMBA2_VERIFY_FOLD_IN_MAIN``)
-launch 1 is not run: launch 2 comes first and also writes a folding row's fold weights and a copy of
-its ring B (which its append overwrites), and launch 3's tile programs of that row fold the ring into
-their tile (rank-1 updates), write it and carry on as if the ring were empty. No program exists only
-to read a cursor and exit, and a folded tile is read once.
+Decoding (T = 1) with ``fold_in_main`` (table ``_MAMBA2_FOLD_IN_MAIN``) does not run launch 1:
+launch 2 comes first and also writes a folding row's fold weights and a copy of its ring B (which its
+append overwrites), and launch 3's tile programs of that row fold the ring into their tile (rank-1
+updates), write it and carry on as if the ring were empty. No program exists only to read a cursor
+and exit, and a folded tile is read once. Verification (T > 1) always folds in launch 1.
 
 Launches are ordered, which is the only synchronisation needed: each ring
 position and the cursor change only in a launch after every reader of them.
@@ -76,10 +76,6 @@ from .configs import (
 # tl.dot from two block loads, cost more registers in every program of the launch than the latency they
 # hid: docs/kernels.md run 9.)
 FOLD_CHUNK = tl.constexpr(4)
-# The same for ``fold_chunk_store`` (the token block's chunks): its loads' addresses are per-thread vectors
-# held beside the main launch's prefetched chunks (sm_90, Triton 3.6: 122 registers with 2, 128 with 4, 255 with
-# the whole ring unrolled; docs/kernels.md run 21).
-CHUNK_FOLD_ENTRIES = tl.constexpr(2)
 
 
 @triton.jit
@@ -228,7 +224,7 @@ def _mamba2_weights_kernel(
     ring position c + t, and ``pos[b]`` gets c, or -1 for a T = 1 row that launch 1 folded (it has
     its output). Positions >= c are read by no program of this launch; launch 3 moves the cursor.
 
-    ``FOLD_IN_MAIN`` (no launch 1; this launch runs first): a row whose ring is full also gets its
+    ``FOLD_IN_MAIN`` (T = 1 only; no launch 1, this launch runs first): a row whose ring is full also gets its
     fold weights ``exp(G_i) dt_i`` (per head, entries < cursor) and the fold decay into ``fold_w[b, h]``
     and its ring B entries copied to ``fold_B[b, g]`` before the append overwrites them; ``pos[b]``
     gets ``-1 - cursor`` (the main launch folds that many entries into each tile, then uses c = 0).
@@ -334,26 +330,6 @@ def _mamba2_weights_kernel(
 
 
 @triton.jit
-def fold_chunk_store(b_S_k, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, k, N, L, p_rows_ck, s_ck_n, N_CHUNK: tl.constexpr):
-    """Fold ``n`` ring entries into the token block's chunk k of a tile, store it, and return it as
-    stored: ``S_k <- w[L] S_k + sum_{i<n} w[i] u_i[rows] v_i[chunk k]^T`` by rank-1 updates in fp32
-    (u: x from the ring; v: B and w, the weights, from the step's fold scratch). ``b_S_k`` is the
-    chunk as loaded, a (1, rows, N_CHUNK) block in the product's layout. ``CHUNK_FOLD_ENTRIES`` entries
-    per loop iteration, so a chunk's fold is n / 2 dependent round trips to L2: why verification with
-    this fold lost to the flush launch (docs/kernels.md run 21; all 16 unrolled took 255 registers)."""
-    o_nk = k * N_CHUNK + tl.arange(0, N_CHUNK)
-    m_nk = o_nk < N
-    b_F = b_S_k.to(tl.float32) * tl.load(p_w + L)
-    for i0 in range(0, n, CHUNK_FOLD_ENTRIES):
-        for j in tl.static_range(CHUNK_FOLD_ENTRIES):
-            b_wu, b_v = _fold_entry(i0 + j, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, o_nk, m_nk, L)
-            b_F += b_wu[None, :, None] * b_v[None, None, :]
-    b_stored = b_F.to(p_rows_ck.dtype.element_ty)
-    tl.store(p_rows_ck[None, :, None] + o_nk[None, None, :] * s_ck_n, b_stored, mask=m_row[None, :, None] & m_nk[None, None, :])
-    return b_stored
-
-
-@triton.jit
 def _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, k, N, N_CHUNK: tl.constexpr):
     """The token block's chunk k of N: the tile's (1, rows, N_CHUNK) columns, loaded in the (T, rows,
     N_CHUNK) product's layout, and C's (T, N_CHUNK) block."""
@@ -387,7 +363,7 @@ def _mamba2_main_kernel(
     ring's x slice and the new x; writes the y and the tile's x entries, never the state; moves the
     cursor (once per row). T = 1 rows that launch 1 folded only get their x entry.
 
-    ``FOLD_IN_MAIN`` (no launch 1): a row with ``pos = -1 - n`` first folds its n ring entries into
+    ``FOLD_IN_MAIN`` (T = 1 only; no launch 1): a row with ``pos = -1 - n`` first folds its n ring entries into
     the tile, ``S <- decay S + sum_i (exp(G_i) dt_i x_i) B_i^T`` by rank-1 updates in fp32 (the tile
     is too small for a ``tl.dot``; the weights and B come from launch 2's fold scratch), writes the
     tile (the step's only state write) and continues from it as stored, with an empty ring.
@@ -401,8 +377,7 @@ def _mamba2_main_kernel(
       ``S C^T`` is one (T, rows, N) broadcast product reduced once (one set of cross-thread
       reductions for all T, where the per-token form has T); y is stored as a (T, rows) block. The
       tile is loaded as a (1, rows, N) block so that it lands in the product's layout (a 2D load
-      is converted through shared memory). With ``FOLD_IN_MAIN`` a folding tile is folded chunk by chunk
-      as the chunks are loaded (``fold_chunk_store``), each stored and used as stored: one read.
+      is converted through shared memory).
     * ``"tokens_chunked"``: the same with the product accumulated over N chunks of N_CHUNK columns
       (fewer registers; sm_90 compiles show some chunks' loads issued after the C chunks' layout
       conversions, whose barriers may serialise them). The table's form for verification since
@@ -459,7 +434,7 @@ def _mamba2_main_kernel(
         m_out = tl.where(live, m_p, False)  # (m_p & live: a bool scalar in a mask trips the interpreter)
         p_rows_ck = p_ck_head + o_p.to(tl.int64) * s_ck_p
         p_tile = p_rows_ck[:, None] + o_n[None, :] * s_ck_n
-        if not TOKEN_BLOCK:  # (the token block reads the tile by N chunks and folds each as it comes)
+        if not TOKEN_BLOCK:  # (the token block reads the tile by N chunks)
             b_S = tl.load(p_tile, mask=m_out[:, None] & m_n[None, :], other=0.0).to(tl.float32)
             if FOLD_IN_MAIN:
                 if n_fold >= 0:
@@ -488,12 +463,6 @@ def _mamba2_main_kernel(
             # S C^T: products summed over the N chunks in registers, one cross-thread reduction at the end.
             # The tile chunk is loaded in 3D (the product's layout); C, small, is the operand converted.
             b_SC = tl.zeros((BLOCK_T, BLOCK_P, N_CHUNK), dtype=tl.float32)
-            if FOLD_IN_MAIN:
-                # A folding row folds each chunk as it comes (one read of the tile), stores it, and takes its
-                # outputs from the chunk as stored with an empty ring (launch 2's weights for c = 0).
-                folding = n_fold >= 0
-                p_fold_w_row = p_fold_w + i_b64 * s_fw_b + i_h64 * s_fw_h
-                p_fold_B_row = p_fold_B + i_b64 * s_fB_b + i_g64 * s_fB_g
             if PREFETCH >= 1:
                 # PREFETCH (1 to 4) chunks in flight: slots a, b, c, d hold chunks k, k + 1, k + 2, k + 3 (as far as
                 # PREFETCH goes; a chunk past the tile's last is a masked-off load).
@@ -525,12 +494,6 @@ def _mamba2_main_kernel(
                             b_S_c, b_C_c = b_S_n, b_C_n
                         else:
                             b_S_d, b_C_d = b_S_n, b_C_n
-                if FOLD_IN_MAIN:
-                    if folding:
-                        b_S_k = fold_chunk_store(
-                            b_S_k, n_fold, p_fold_w_row, p_ring_row_x, s_rx_l, s_rx_p, o_p, m_p, p_fold_B_row, s_fB_l,
-                            k, N, L, p_rows_ck, s_ck_n, N_CHUNK,
-                        )  # fmt: skip
                 b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
             b_Y = b_decay_t[:, None] * tl.sum(b_SC, axis=2)
             b_Y += tl.sum(b_w_ring[:, :, None] * b_rx[None, :, :], axis=1)
@@ -539,9 +502,6 @@ def _mamba2_main_kernel(
                 b_Z = tl.load(p_z + i_b64 * s_z_b + o_t[:, None] * s_z_t + i_h64 * s_z_h + o_p[None, :] * s_z_p, mask=m_tp, other=0.0).to(tl.float32)
                 b_Y = b_Y * b_Z * sigmoid(b_Z)
             tl.store(p_y + i_b64 * s_y_b + o_t[:, None] * s_y_t + i_h64 * s_y_h + o_p[None, :] * s_y_p, b_Y.to(p_y.dtype.element_ty), mask=m_tp)
-            if FOLD_IN_MAIN:
-                if folding:
-                    tl.debug_barrier()  # every thread has read the fold's ring x before the entries below overwrite them
             tl.store(p_ring_row_x + (c_eff + o_t[:, None]) * s_rx_l + o_p[None, :] * s_rx_p, b_xn.to(p_ring_x.dtype.element_ty), mask=m_tp)
         else:
             b_xn = tl.load(p_x_row + o_t[:, None] * s_x_t + o_p[None, :] * s_x_p, mask=m_t[:, None] & m_p[None, :], other=0.0)
@@ -672,8 +632,8 @@ def mamba2_step_out(
     Three launches for any T: ``_mamba2_flush_kernel`` (``flush_config``), ``_mamba2_weights_kernel``
     (``weights_config``: only its ``num_warps`` counts; default from ``mamba2_weights_config``),
     ``_mamba2_main_kernel`` (``config``; default from the replay table for T = 1, the verify table
-    for T > 1). ``fold_in_main`` (default from ``mamba2_fold_in_main``): no flush launch; the main
-    launch folds full rings tile by tile. ``config.form`` picks the main launch's form (see
+    for T > 1). ``fold_in_main`` (T = 1 only; default from ``mamba2_fold_in_main``): no flush launch;
+    the main launch folds full rings tile by tile. ``config.form`` picks the main launch's form (see
     ``_mamba2_main_kernel``). ``overlap`` (default ``replay_overlap()``): the launches after the first
     with programmatic dependent launch where the GPU has it (``common.overlap_launches``).
     """
@@ -710,6 +670,10 @@ def mamba2_step_out(
     wcfg = weights_config or mamba2_weights_config(head_dim, state_size, num_tokens)
     check_form("_mamba2_flush_kernel", fcfg)
     check_form("_mamba2_weights_kernel", wcfg)
+    if fold_in_main and num_tokens > 1:
+        # (Verification's token-block forms once folded each N chunk as they loaded it: 45% slower than the
+        # flush launch, docs/kernels.md run 21; removed in run 24.)
+        raise ValueError(f"mamba2_step_out: fold_in_main is for decoding (T = 1), got T = {num_tokens} tokens")
     if not fold_in_main and fcfg.block < 16:
         raise ValueError(f"_mamba2_flush_kernel: the fold needs tiles of >= 16 rows (tl.dot), got {fcfg.block}")
     num_tiles, split = _tiles(head_dim, fcfg)
