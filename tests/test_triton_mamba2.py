@@ -128,6 +128,7 @@ VARIANTS = [
     pytest.param(LaunchConfig(16, 3, 1), LaunchConfig(16, 1, 4), id="block16-1warp-one-tile-per-program"),
     pytest.param(LaunchConfig(8, 6, 1), None, id="block8-one-tile-per-program-fold-in-main"),
     pytest.param(LaunchConfig(16, 1, 2), None, id="block16-split1-fold-in-main"),
+    pytest.param(LaunchConfig(4, 12, 1), None, id="block4-one-tile-per-program-fold-in-main"),
     # the main launch's forms (_mamba2_main_kernel): T outputs as one block
     pytest.param(LaunchConfig(8, 6, 1, form="tokens"), LaunchConfig(16, 1, 4), id="block8-tokens"),
     pytest.param(LaunchConfig(16, 1, 2, form="tokens_chunked"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-chunked"),
@@ -244,6 +245,8 @@ VERIFY_FORMS = pytest.mark.parametrize(
         # 4 ahead: every chunk of the tile loaded before the first product (T = 3, 4), loads past the last masked
         # off (T = 2)
         pytest.param(LaunchConfig(32, 1, 1, 5, form="tokens_prefetched"), id="tokens-prefetched4-block32"),
+        # 4-row tiles: one N chunk of 32 (T = 2 .. 4), so the loads ahead are masked off
+        pytest.param(LaunchConfig(4, 4, 1, 3, form="tokens_prefetched"), id="tokens-prefetched2-block4"),
     ],
 )
 

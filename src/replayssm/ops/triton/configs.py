@@ -55,7 +55,8 @@ class LaunchConfig:
 # 2026-12-01 08:29, fold in the main launch, us per step (96x80 / 128x64 / 64x64): one tile per program
 # 320.6 / 343.4 / 176.3; splits 5, 4, 3, 2 of 10 tiles 299.2, 299.0, 299.6, 301.5; splits 5, 4, 3, 2 of 8
 # tiles 326.6 / 172.7, 317.8 / 169.8, 315.7 / 169.5, 315.8 / 172.0; one program per head 322.7 / 328.0 / 185.3;
-# 16-row tiles split 3 329.0 / 358.3 / 191.3, 2 warps 358.2 / 392.4 / 207.5.
+# 16-row tiles split 3 329.0 / 358.3 / 191.3, 2 warps 358.2 / 392.4 / 207.5. 2026-12-03 (run 25): 4-row tiles,
+# splits 6 to one tile per program, 311.7-373.1 / 333.0-398.5 / 178.5-203.2 against 296.8 / 313.7 / 169.1.
 _MAMBA2_REPLAY = {
     (80, 128): LaunchConfig(block=8, split=4, num_warps=1),
     (64, 128): LaunchConfig(block=8, split=3, num_warps=1),
@@ -79,7 +80,8 @@ _MAMBA2_FLUSH = {
 # on 8-row tiles, 3 chunks ahead (num_stages 4) 462.3 / 501.4 us, 2 ahead 474.0-474.9 / 512.2-513.2, against
 # 511.6-512.5 / 552.6-553.8 for "tokens_chunked" on 16 rows (16 rows prefetched: 479.8-487.6 / 520.7-528.3).
 # 2026-12-02 16:25 (run 21): 4 chunks ahead (num_stages 5, the whole 8-row tile before the first product) tied
-# with 3 (461.1 / 502.3 against 461.8 / 502.1 us).
+# with 3 (461.1 / 502.3 against 461.8 / 502.1 us). 2026-12-03 (run 25): 4-row tiles 605.8-610.4 / 656.2-659.4
+# against 458.8 / 500.7; 8-row programs looping over 2-3 tiles 477.7-522.8 / 523.1-562.2.
 _MAMBA2_VERIFY = {
     (80, 128): LaunchConfig(block=8, split=10, num_warps=1, num_stages=4, form="tokens_prefetched"),
     (64, 128): LaunchConfig(block=8, split=8, num_warps=1, num_stages=4, form="tokens_prefetched"),
