@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import replayssm  # noqa: E402
-from replayssm import GDNGeometry, Mamba2Geometry  # noqa: E402
+from replayssm import Mamba2Geometry  # noqa: E402
 from replayssm.ops import reference  # noqa: E402
 from replayssm.ops.triton import gdn as gdn_kernels  # noqa: E402
 from replayssm.ops.triton import mamba2 as mamba2_kernels  # noqa: E402
@@ -84,7 +84,6 @@ class SpecCase:
 
         self.base = Case(geometry, batch, WINDOW, "cuda", seed=seed, conventional=True)
         self.T, self.batch, self.geometry = T, batch, geometry
-        gen = self.base.gen
         base_inputs = self.base.inputs
         # T-token inputs: the decode case's single tokens stacked, fresh per step
         self.inputs = []
