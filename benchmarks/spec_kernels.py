@@ -148,7 +148,7 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     The main launch (``_MAMBA2_VERIFY`` / ``_GDN_VERIFY``: one tile per program, as the conventional
     kernel; Mamba-2 also in its token-block forms), the flush launch (``_MAMBA2_FLUSH``, shared with decoding, /
     ``_GDN_FLUSH``; block >= 16, its fold is a ``tl.dot``) and the weights launch (``_MAMBA2_WEIGHTS`` /
-    ``_GDN_WEIGHTS``, warps only).
+    ``_GDN_WEIGHTS``, warps; GDN's also its "dot" form).
     """
     from replayssm.ops.triton import configs
     from replayssm.ops.triton.configs import LaunchConfig
@@ -199,7 +199,10 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
     if not gdn and hasattr(configs, "_MAMBA2_WEIGHTS"):
         out.append(("_MAMBA2_WEIGHTS", configs._MAMBA2_WEIGHTS, (dim, key_dim), [LaunchConfig(1, 1, warps) for warps in (4, 1, 2)]))
     if gdn and hasattr(configs, "_GDN_WEIGHTS"):
-        out.append(("_GDN_WEIGHTS", configs._GDN_WEIGHTS, (dim, key_dim), [LaunchConfig(1, 1, warps) for warps in (4, 1, 2, 8)]))
+        # (the headline's T = 4 is past _GDN_WEIGHTS_SHORT_MAX_T; 4 and 8 warps lost on 2026-11-29, the "dot" form on 2
+        # warps on 2026-12-03)
+        weights = [LaunchConfig(1, 1, 1, form="dot"), LaunchConfig(1, 1, 1), LaunchConfig(1, 1, 2)]
+        out.append(("_GDN_WEIGHTS", configs._GDN_WEIGHTS, (dim, key_dim), weights))
     # The table's own entry is always a candidate (first), so the sweep never drops it untimed.
     return [(name, table, key, _with_entry(table.get(key), candidates)) for name, table, key, candidates in out]
 

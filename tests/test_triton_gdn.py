@@ -256,6 +256,9 @@ VERIFY_VARIANTS = [
     pytest.param(LaunchConfig(32, 2, 2, form="mma"), None, None, id="block32-mma-2w"),
     pytest.param(LaunchConfig(16, 3, 1, num_stages=3, form="mma"), None, None, id="block16-mma-3stages"),
     pytest.param(LaunchConfig(32, 2, 1, num_stages=4, form="mma"), None, None, id="block32-mma-1w-4stages"),
+    # the weights launch's ring products as one tl.dot (the ring padded to 16 entries)
+    pytest.param(LaunchConfig(16, 3, 1), None, LaunchConfig(1, 1, 1, form="dot"), id="weights-dot-1w"),
+    pytest.param(LaunchConfig(16, 3, 1, form="mma"), None, LaunchConfig(1, 1, 4, form="dot"), id="mma-weights-dot-4w"),
 ]
 
 
@@ -337,11 +340,16 @@ def test_dot_forms_need_tiles_of_16_rows(config, flush_config, message):
 @pytest.mark.parametrize(
     "ckpt_dtype, l2norm, tol", [(torch.float32, True, 1e-5), (torch.float16, False, 2e-3)], ids=["ck_fp32", "ck_fp16-no_l2norm"]
 )
-@pytest.mark.parametrize("config", [None, LaunchConfig(16, 1, 1, form="mma")], ids=["table", "mma"])
-def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, config, device):
+@pytest.mark.parametrize(
+    "config, weights_config",
+    [(None, None), (LaunchConfig(16, 1, 1, form="mma"), None), (LaunchConfig(16, 1, 1, form="mma"), LaunchConfig(1, 1, 1, form="dot"))],
+    ids=["table", "mma", "mma-weights-dot"],
+)
+def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, config, weights_config, device):
     """T = 5..8 with a window of 8 (T = L folds every row that holds an entry), explicit scale,
     random accepted counts; a checkpoint in a narrower dtype: outputs from the checkpoint as stored.
-    The main launch as its table says and in its "mma" form (the table's from T = 4 at real sizes)."""
+    The main launch as its table says and in its "mma" form (the table's from T = 4 at real sizes), and
+    with the weights launch's ring products as a dot (its table's form from T = 4; 2T = 10..16 token rows)."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 8
     gen = _gen()
     rows = torch.tensor([0, 1], device=device)
@@ -352,7 +360,7 @@ def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, config, device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, l2norm, num_tokens=T)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, l2norm, 0.2)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, l2norm, 0.2, o=o, config=config)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, l2norm, 0.2, o=o, config=config, weights_config=weights_config)
         assert rel_err(o, o_ref) < tol
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
         accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)

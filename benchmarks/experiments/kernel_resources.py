@@ -6,8 +6,9 @@ inputs) with Triton's launch replaced: each launch is specialised on its argumen
 on the GPU (types, 16-byte divisibility, constants), compiled for sm_90 with the installed Triton and its
 ptxas, and the resources are read from the cubin (``cuobjdump --dump-resource-usage``); nothing runs. The
 cases: each geometry's decode step (T = 1) and verify step (``--tokens``), with the tables' launch
-configurations and, for GDN, the fold launch's ``"alongside"`` form, for Mamba-2 the flush launch (the
-decode table folds in the main launch); the conventional kernels. Per launch it prints warps, registers per thread, local (spilled) bytes, shared
+configurations and, for GDN, the fold launch's ``"alongside"`` form and the weights launch's ``"dot"`` form
+(the table's from T = 4), for Mamba-2 the flush launch (the decode table folds in the main launch); the
+conventional kernels. Per launch it prints warps, registers per thread, local (spilled) bytes, shared
 memory, and the programs per multiprocessor those allow (65,536 registers, 227 KiB of shared memory, 32
 programs and 64 warps per multiprocessor), the occupancy ceiling before the other limits. ``--ptx-dir``
 also writes each launch's PTX without its debug lines, numbered and named by case, so that two checkouts'
@@ -106,6 +107,7 @@ def cases(name: str, geometry, tokens: list[int], batch: int):
     variants = [("tables", StepVariant(None))]
     if not case.mamba2:
         variants.append(("alongside fold", StepVariant(None, 3, flush=ALONGSIDE)))
+        variants.append(("weights dot", StepVariant(None, 3, weights=LaunchConfig(1, 1, 1, form="dot"))))
     else:
         variants.append(("flush launch", StepVariant(None, fold_in_main=False)))  # (the decode table folds in the main launch)
     for T in [1, *tokens]:

@@ -186,8 +186,19 @@ _MAMBA2_WEIGHTS = {
 _GDN_DECODE_WEIGHTS = {
     (128, 128): LaunchConfig(block=1, split=1, num_warps=1),
 }
-_GDN_WEIGHTS = {
+# Past ``_GDN_WEIGHTS_SHORT_MAX_T`` tokens (from T = 4) the ring keys' products with the new keys and queries as one tl.dot
+# (form "dot", tf32x3; the reductions it replaces are lane shuffles: 350 against 942 shuffles at T = 4 for sm_90,
+# 854 against 2,038 at T = 8). 2026-12-03 (docs/kernels.md run 27; 16/32 / 16/64 heads, 2 of T accepted, us per
+# step, two runs each): T = 8 436.8-438.2 / 802.1-806.3 against 462.8-466.4 / 855.6-859.8; T = 4 336.4-336.8 /
+# 622.7-626.8 against 337.6-338.0 / 624.2-629.3 (a tie); T = 2 304.1-304.4 / 568.3-575.2 against 297.8-300.5 /
+# 563.4-563.9 and decoding 192.4 / 358.3-360.2 against 186.8-187.4 / 352.0-354.4 (the dot's 167 registers
+# against 126 at T = 1); on 2 warps slower everywhere.
+_GDN_WEIGHTS_SHORT_MAX_T = 3
+_GDN_WEIGHTS_SHORT = {
     (128, 128): LaunchConfig(block=1, split=1, num_warps=1),
+}
+_GDN_WEIGHTS = {
+    (128, 128): LaunchConfig(block=1, split=1, num_warps=1, form="dot"),
 }
 # Where a Mamba-2 decode step (T = 1) folds the rows whose ring is full: in the flush launch before the
 # others (False), or inside the main launch's tile programs (True: no flush launch; each program folds
@@ -282,8 +293,10 @@ def _weights_config(decode_table: dict, verify_table: dict, dim: int, key_dim: i
 
 
 def gdn_weights_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
-    """The three-launch step's weights launch: ``_GDN_DECODE_WEIGHTS`` (T = 1) / ``_GDN_WEIGHTS`` (T > 1)."""
-    return _weights_config(_GDN_DECODE_WEIGHTS, _GDN_WEIGHTS, value_dim, key_dim, num_tokens)
+    """The three-launch step's weights launch: ``_GDN_DECODE_WEIGHTS`` (T = 1), ``_GDN_WEIGHTS_SHORT`` up to
+    ``_GDN_WEIGHTS_SHORT_MAX_T`` tokens, ``_GDN_WEIGHTS`` for longer drafts."""
+    verify = _GDN_WEIGHTS_SHORT if num_tokens <= _GDN_WEIGHTS_SHORT_MAX_T else _GDN_WEIGHTS
+    return _weights_config(_GDN_DECODE_WEIGHTS, verify, value_dim, key_dim, num_tokens)
 
 
 def mamba2_weights_config(head_dim: int, state_size: int, num_tokens: int) -> LaunchConfig:

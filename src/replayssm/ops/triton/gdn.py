@@ -320,6 +320,7 @@ def _gdn_weights_kernel(
     K, L, value_per_key, scale,
     T: tl.constexpr, L2NORM: tl.constexpr, USE_PDL: tl.constexpr, ALONGSIDE: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    RING_DOT: tl.constexpr = False, BLOCK_M: tl.constexpr = 16,
 ):  # fmt: skip
     """Verification launch 2, one program per (key head, row): the main launch's weights, and the append.
 
@@ -337,6 +338,11 @@ def _gdn_weights_kernel(
     once per key head; the normalised k_t and scaled q_t go to ``qk[b, kh, 0 | 1, t]`` for launch 3.
     Then k_t and g_t are appended at ring position c + t and ``pos[b]`` gets c; launch 3 moves the
     cursor.
+
+    ``RING_DOT`` (``LaunchConfig.form == "dot"``, the verification table's for longer drafts): the ring
+    keys' products with all 2T new keys and queries as one ``tl.dot`` (tf32x3, ring and token rows padded
+    to 16) before the token loop, which then only picks its two columns; otherwise each token takes two
+    sums over the (ring, keys) block, whose key axis lies across the lanes (shuffles).
 
     ``USE_PDL`` (launched with ``launch_pdl``): this launch may start while launch 1 still folds. It reads
     nothing launch 1 writes (the checkpoint) and writes only scratch before it waits; the append, which
@@ -387,6 +393,16 @@ def _gdn_weights_kernel(
     p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
     m_wl = m_j[:, None] & (o_l[None, :] < L)
     tl.debug_barrier()  # the qk rows stored above are read back below as vectors, by other threads
+    if RING_DOT:
+        # The ring keys' products with every new key and query at once, one tl.dot (tf32x3): column m of
+        # b_G is k_t's (m = t) or q_t's (m = T + t) products with the L ring keys. The reductions it
+        # replaces run across the lanes, 2T of them over the (ring, keys) block.
+        o_m = tl.arange(0, BLOCK_M)
+        m_kq = o_m < 2 * T
+        t_of_m = tl.where(o_m < T, o_m, o_m - T)
+        p_KQ = p_qk_row + t_of_m * s_qk_t + tl.where(o_m < T, 0, s_qk_i)
+        b_KQ = tl.load(p_KQ[:, None] + o_k[None, :], mask=m_kq[:, None] & m_k[None, :], other=0.0)
+        b_G = tl.dot(b_rk, tl.trans(b_KQ), input_precision="tf32x3")  # (ring, m)
     # N = (I + diag(beta) C)^{-1} diag(beta) per value head, C the causal weights of r (c_ts, s < t):
     # row t is beta_t (e_t - sum_{s<t} c_ts N[s, :]) (forward substitution), kept as (heads, T, T).
     b_N = tl.zeros((BLOCK_J, BLOCK_T, BLOCK_T), dtype=tl.float32)
@@ -399,8 +415,14 @@ def _gdn_weights_kernel(
         b_dec_new = tl.exp(tl.sum(tl.where(m_seg, b_g[:, None, :], 0.0), axis=2))
         b_dec_ring = tl.where(m_jl, tl.exp(b_suffix + b_cum_t[:, None]), 0.0)
         p_w_t = p_w_rows + t * s_w_t
-        tl.store(p_w_t[:, None] + o_l[None, :], b_dec_ring * tl.sum(b_rk * b_k_t[None, :], axis=1)[None, :], mask=m_wl)
-        tl.store(p_w_t[:, None] + L + o_l[None, :], b_dec_ring * tl.sum(b_rk * b_q_t[None, :], axis=1)[None, :], mask=m_wl)
+        if RING_DOT:
+            b_rk_k = tl.sum(tl.where(o_m[None, :] == t, b_G, 0.0), axis=1)  # column t of the ring products
+            tl.store(p_w_t[:, None] + o_l[None, :], b_dec_ring * b_rk_k[None, :], mask=m_wl)
+            b_rk_q = tl.sum(tl.where(o_m[None, :] == T + t, b_G, 0.0), axis=1)
+            tl.store(p_w_t[:, None] + L + o_l[None, :], b_dec_ring * b_rk_q[None, :], mask=m_wl)
+        else:
+            tl.store(p_w_t[:, None] + o_l[None, :], b_dec_ring * tl.sum(b_rk * b_k_t[None, :], axis=1)[None, :], mask=m_wl)
+            tl.store(p_w_t[:, None] + L + o_l[None, :], b_dec_ring * tl.sum(b_rk * b_q_t[None, :], axis=1)[None, :], mask=m_wl)
         b_wk_new = tl.where(o_t[None, :] < t, b_dec_new * tl.sum(b_K * b_k_t[None, :], axis=1)[None, :], 0.0)
         b_wq_new = tl.where(o_t[None, :] <= t, b_dec_new * tl.sum(b_K * b_q_t[None, :], axis=1)[None, :], 0.0)
         b_beta_t = tl.load(p_beta + i_b64 * s_beta_b + t * s_beta_t + o_h * s_beta_h, mask=m_j, other=0.0).to(tl.float32)
@@ -939,7 +961,8 @@ def _gdn_three_launches(
     wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
     cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
     check_form("_gdn_flush_kernel", fcfg, ("", "worklist", "alongside"))
-    check_form("_gdn_weights_kernel", wcfg)
+    check_form("_gdn_weights_kernel", wcfg, ("", "dot"))
+    ring_dot = wcfg.form == "dot"
     check_form("_gdn_main_kernel", cfg, ("", "mma"))
     mma = cfg.form == "mma"
     if mma and (cfg.block < 16 or key_dim < 16):
@@ -973,7 +996,9 @@ def _gdn_three_launches(
             **rk_strides, **rg_strides, **scratch_strides,
             K=key_dim, L=window, value_per_key=value_per_key, scale=_scale(scale, key_dim),
             T=num_tokens, L2NORM=use_qk_l2norm, USE_PDL=use_pdl, ALONGSIDE=alongside,
-            BLOCK_J=next_pow2(value_per_key), BLOCK_K=block_k, BLOCK_L=block_l, BLOCK_T=block_t,
+            BLOCK_J=next_pow2(value_per_key), BLOCK_K=max(block_k, 16) if ring_dot else block_k,
+            BLOCK_L=max(block_l, 16) if ring_dot else block_l, BLOCK_T=block_t,
+            **(dict(RING_DOT=True, BLOCK_M=max(16, next_pow2(2 * num_tokens))) if ring_dot else {}),
             num_warps=wcfg.num_warps, **({} if alongside else later),
         )  # fmt: skip
         if alongside:
