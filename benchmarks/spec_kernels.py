@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/spec_kernels.py --out results/
 
 * geometries of the decode benchmark; fp32 state, bf16 inputs, window 16;
-* batch 256 (sweep 32..1024), T in {2, 4, 6, 8} draft tokens per row;
+* batch 256 (sweep 32..1024, ``--batches``), T in {2, 4, 6, 8} draft tokens per row (``--tokens``);
   accepted counts fixed (T/2 of T and T of T) or random per row and step;
 * replay: ``*_step(commit=False)`` (all T outputs from checkpoint + committed
   ring + causal terms, entries written as pending; a row whose ring would
@@ -330,7 +330,13 @@ def main() -> None:
     ap.add_argument("--accept", nargs="*", default=["half", "all", "random"], choices=["half", "all", "random"])
     ap.add_argument("--sweep", action="store_true", help="time launch configs of a verify step first and use the fastest")
     ap.add_argument("--breakdown", action="store_true", help="headline rows: kernel time per verify step by kernel (profiler)")
+    ap.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS), help=f"draft lengths of the T sweep (default {TOKENS})")
+    ap.add_argument("--batches", nargs="*", type=int, default=list(BATCHES), help=f"batches of the batch sweep (default {BATCHES})")
     args = ap.parse_args()
+    if bad := [T for T in args.tokens if not 2 <= T <= WINDOW]:
+        ap.error(f"--tokens: draft lengths must be 2 to the window ({WINDOW}), got {bad}")
+    if bad := [b for b in args.batches if b < 1]:
+        ap.error(f"--batches: batches must be >= 1, got {bad}")
     from _common import format_table, streaming_bandwidth
 
     out = Path(args.out)
@@ -362,12 +368,12 @@ def main() -> None:
             log(f"headline {json.dumps(row)}")
     if not args.headline_only:
         for name, geometry in geometries.items():
-            for T in TOKENS:
+            for T in args.tokens:
                 if T != HEADLINE_T:
                     row = measure(name, geometry, HEADLINE_BATCH, T, "half", bw, args.repeats)
                     sweep.append(row)
                     log(f"tokens {json.dumps(row)}")
-            for batch in BATCHES:
+            for batch in args.batches:
                 if batch != HEADLINE_BATCH:
                     row = measure(name, geometry, batch, HEADLINE_T, "half", bw, args.repeats)
                     sweep.append(row)

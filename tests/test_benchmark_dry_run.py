@@ -54,3 +54,13 @@ def test_spec_sweep_times_each_table_entry(monkeypatch):
             if name == "_GDN_VERIFY":
                 assert candidates[0] == unlisted
     assert seen >= 6  # the verify, flush and weights tables of both families
+
+
+@pytest.mark.parametrize("args, message", [(["--tokens", "1", "6"], "--tokens: draft lengths must be 2 to the window"), (["--batches", "0"], "--batches")])
+def test_spec_sweep_points_are_checked(args, message):
+    """``spec_kernels.py --tokens / --batches`` (the sweeps' points) refuse a bad value before any GPU work."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "spec_kernels.py"), *args], env=env, capture_output=True, text=True, timeout=300
+    )  # fmt: skip
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
