@@ -647,6 +647,10 @@ def mamba2_step_out(
     pos = torch.empty(batch, dtype=torch.int32, device=x.device)
     if fold_in_main is None:
         fold_in_main = mamba2_fold_in_main(head_dim, state_size, num_tokens)
+    if fold_in_main and num_tokens > 1:
+        # (Verification's token-block forms once folded each N chunk as they loaded it: 45% slower than the
+        # flush launch, docs/kernels.md run 21; removed in run 24.)
+        raise ValueError(f"mamba2_step_out: fold_in_main is for decoding (T = 1), got T = {num_tokens} tokens")
     # The fold's scratch (FOLD_IN_MAIN): per-head weights and decay, and the B entries the append overwrites.
     fold_w = torch.empty(batch, heads, window + 1, dtype=torch.float32, device=x.device) if fold_in_main else None
     fold_B = torch.empty(batch, groups, window, state_size, dtype=torch.float32, device=x.device) if fold_in_main else None
@@ -670,10 +674,6 @@ def mamba2_step_out(
     wcfg = weights_config or mamba2_weights_config(head_dim, state_size, num_tokens)
     check_form("_mamba2_flush_kernel", fcfg)
     check_form("_mamba2_weights_kernel", wcfg)
-    if fold_in_main and num_tokens > 1:
-        # (Verification's token-block forms once folded each N chunk as they loaded it: 45% slower than the
-        # flush launch, docs/kernels.md run 21; removed in run 24.)
-        raise ValueError(f"mamba2_step_out: fold_in_main is for decoding (T = 1), got T = {num_tokens} tokens")
     if not fold_in_main and fcfg.block < 16:
         raise ValueError(f"_mamba2_flush_kernel: the fold needs tiles of >= 16 rows (tl.dot), got {fcfg.block}")
     num_tiles, split = _tiles(head_dim, fcfg)
