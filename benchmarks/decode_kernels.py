@@ -96,15 +96,19 @@ def check_failure(errors: dict) -> str | None:
 class Case:
     """State, parameters and ``window`` sets of fresh random inputs for one (geometry, batch, window)."""
 
-    def __init__(self, geometry, batch: int, window: int, device: str, seed: int = 0, conventional: bool = True):
+    def __init__(
+        self, geometry, batch: int, window: int, device: str, seed: int = 0, conventional: bool = True, read_dtype: torch.dtype | None = None
+    ):
         self.geometry, self.batch, self.window, self.device = geometry, batch, window, device
+        self.read_dtype = read_dtype
+        config = replayssm.ReplayConfig(window=window, read_dtype=read_dtype)
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.rows = torch.arange(batch, device=device)
         self.mamba2 = isinstance(geometry, Mamba2Geometry)
         self.conventional_state = None
         if self.mamba2:
             g = geometry
-            self.state = replayssm.Mamba2ReplayState(g, batch, replayssm.ReplayConfig(window=window), device, activation_dtype=ACT)
+            self.state = replayssm.Mamba2ReplayState(g, batch, config, device, activation_dtype=ACT)
             self.A = -(self.rand(g.heads) * 4 + 0.5)
             self.D = self.randn(g.heads)
             self.dt_bias = self.randn(g.heads) * 0.5 - 2.0
@@ -125,7 +129,7 @@ class Case:
             st.ring_logdecay.copy_(-st.ring_dt * 2)
         else:
             g = geometry
-            self.state = replayssm.GDNReplayState(g, batch, replayssm.ReplayConfig(window=window), device)
+            self.state = replayssm.GDNReplayState(g, batch, config, device)
             self.inputs = [
                 (
                     self.randn(batch, 1, g.key_heads, g.key_dim).to(ACT),
@@ -140,7 +144,7 @@ class Case:
             st.ring_k.copy_(torch.nn.functional.normalize(self.randn(*st.ring_k.shape), dim=-1))
             st.ring_d.copy_(self.randn(*st.ring_d.shape) * 0.1)
             st.ring_g.copy_(-self.rand(*st.ring_g.shape) * 0.3)
-        self.state.checkpoint.copy_(self.randn(*self.state.checkpoint.shape) * 0.1)
+        self.state.load(None, self.randn(*self.state.checkpoint.shape) * 0.1)  # the read copy too, if any
         if conventional:
             self.conventional_state = self.randn(*self.state.checkpoint.shape) * 0.1
         self.set_phase("staggered")
@@ -170,33 +174,36 @@ class Case:
         tables) or, with ``via_op=False``, the launcher with ``config`` (a ``LaunchConfig``, or for GDN a
         ``StepVariant``)."""
         tensors = self.state_args()
+        read = self.state.read_checkpoint
         variant = config if isinstance(config, StepVariant) else StepVariant(config)
         if self.mamba2:
             x, dt, B, C, z = inp
             if via_op:
-                return replayssm.ops.mamba2_step(x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True)
+                return replayssm.ops.mamba2_step(x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True, read)
             y = torch.empty_like(x)
             mamba2_kernels.mamba2_step_out(
                 x, dt, self.A, B, C, self.D, self.dt_bias, z, *tensors, self.rows, commit, True, y=y, config=variant.config,
                 fold_in_main=variant.fold_in_main, flush_config=variant.flush, weights_config=variant.weights, overlap=variant.overlap,
+                read_checkpoint=read,
             )  # fmt: skip
             return y
         if via_op:
-            return replayssm.ops.gdn_step(*inp, *tensors, self.rows, commit, True, None)
+            return replayssm.ops.gdn_step(*inp, *tensors, self.rows, commit, True, None, read)
         o = torch.empty_like(inp[2])
         gdn_kernels.gdn_step_out(
             *inp, *tensors, self.rows, commit, True, None, o=o, config=variant.config, decode_launches=variant.launches,
-            flush_config=variant.flush, weights_config=variant.weights, overlap=variant.overlap,
+            flush_config=variant.flush, weights_config=variant.weights, overlap=variant.overlap, read_checkpoint=read,
         )  # fmt: skip
         return o
 
     def reference_step(self, inp, state: dict, commit: bool = True):
         """The same step through the PyTorch reference, on ``state`` (a dict of copies of the state's tensors)."""
         args = self.state_args(state)
+        read = state.get("read_checkpoint")
         if self.mamba2:
             x, dt, B, C, z = inp
-            return reference.mamba2_step(x, dt, self.A, B, C, self.D, self.dt_bias, z, *args, self.rows, commit, True)
-        return reference.gdn_step(*inp, *args, self.rows, commit, True, None)
+            return reference.mamba2_step(x, dt, self.A, B, C, self.D, self.dt_bias, z, *args, self.rows, commit, True, read)
+        return reference.gdn_step(*inp, *args, self.rows, commit, True, None, read)
 
     def check_replay(self, config=None, inp=None, commit: bool = True, after=None, after_reference=None) -> dict:
         """Relative errors (RMS) of one replay step against the reference: ``output``, and ``state`` (the
@@ -285,7 +292,7 @@ class Case:
         return steps  # fmt: skip
 
     def traffic(self):
-        return decode_traffic(self.geometry, self.batch, self.window, torch.float32, ACT)
+        return decode_traffic(self.geometry, self.batch, self.window, torch.float32, ACT, read_dtype=self.read_dtype)
 
 
 def _load_fla():
@@ -302,11 +309,14 @@ def _load_fla():
 
 
 def measure_point(
-    name, geometry, batch, window, bw, device, fla_fn=None, full=False, repeats=15, config=None, breakdown=False, conventional_config=None
-):
+    name, geometry, batch, window, bw, device, fla_fn=None, full=False, repeats=15, config=None, breakdown=False, conventional_config=None,
+    read_dtype=None,
+):  # fmt: skip
     """One (geometry, batch, window) point; ``config`` / ``conventional_config`` override the replay / conventional
     launch tables (from ``--sweep``);
-    ``breakdown``: also the kernel time per step by kernel (staggered rows, profiler)."""
+    ``breakdown``: also the kernel time per step by kernel (staggered rows, profiler);
+    ``read_dtype``: also the replay step with a read copy of the checkpoint in that dtype (SPEC §4; the
+    tables' launches), checked against the reference and timed alongside."""
     from _common import kernel_times_per_step, time_graph_per_step
 
     case = Case(geometry, batch, window, device)
@@ -339,6 +349,22 @@ def measure_point(
     row["conventional_us"] = time_graph_per_step(case.conventional_steps(conventional_config, via_op=conventional_config is None), repeats)
     if fla_fn is not None and not case.mamba2:
         row["fla_us"] = time_graph_per_step(case.fla_steps(fla_fn), repeats)
+    if read_dtype is not None:
+        read_case = Case(geometry, batch, window, device, conventional=False, read_dtype=read_dtype)
+        row["read_check_rel_err"] = read_case.check_replay()
+        if failure := check_failure(row["read_check_rel_err"]):
+            raise RuntimeError(f"{name}: the replay step with a read copy {failure}")
+        row["read_dtype"] = str(read_dtype).replace("torch.", "")
+        row["replay_read_us"] = time_graph_per_step(read_case.replay_steps(), repeats)
+        if full:
+            read_case.set_phase("in-phase")
+            row["replay_read_inphase_us"] = time_graph_per_step(read_case.replay_steps(), repeats)
+        read_traffic = read_case.traffic()
+        row["replay_read_floor_us"] = read_traffic.replay / bw * 1e6
+        row["replay_read_pct_floor"] = 100 * row["replay_read_floor_us"] / row["replay_read_us"]
+        row["speedup_read"] = row["conventional_us"] / row["replay_read_us"]
+        row["bytes_model_ratio_read"] = read_traffic.conventional / read_traffic.replay
+        del read_case
     row["replay_floor_us"] = traffic.replay / bw * 1e6
     row["conventional_floor_us"] = traffic.conventional / bw * 1e6
     row["replay_pct_floor"] = 100 * row["replay_floor_us"] / row["replay_us"]
@@ -519,6 +545,11 @@ def dry_run() -> None:
             for cfg in SWEEP_CONVENTIONAL["gdn"]:
                 failure = check_failure(case.check_conventional(cfg))
                 assert failure is None, f"dry run {name} conventional {cfg}: {failure}"
+        read_case = Case(geometry, 3, 4, "cpu", conventional=False, read_dtype=torch.bfloat16)
+        for _ in range(read_case.window + 1):  # with a read copy of the checkpoint (the tables' launches)
+            failure = check_failure(read_case.check_replay())
+            assert failure is None, f"dry run {name}, bf16 read copy: the replay step {failure}"
+            read_case.replay_step(read_case.inputs[0])
         cfg = mamba2_replay_config(16, 16) if case.mamba2 else gdn_replay_config(16, 16)
         conv = mamba2_conventional_config(16, 16) if case.mamba2 else gdn_conventional_config(16, 16)
         print(f"dry run {name}: ok (replay {cfg}, conventional {conv}); traffic ratio {case.traffic().ratio:.2f}")
@@ -554,6 +585,7 @@ def plot(rows, path) -> str | None:
     return None
 
 
+READ_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HEADLINE_COLUMNS = [
     ("geometry", "geometry", ""),
     ("replay_us", "replay us (staggered)", ".1f"),
@@ -568,6 +600,17 @@ HEADLINE_COLUMNS = [
     ("bytes_model_ratio", "bytes ratio", ".2f"),
     ("replay_pct_floor", "replay % floor", ".1f"),
     ("conventional_pct_floor", "conv % floor", ".1f"),
+]
+# With --read-dtype: the replay step reading a low-precision copy of the checkpoint (SPEC §4).
+READ_COLUMNS = [
+    ("geometry", "geometry", ""),
+    ("read_dtype", "read copy", ""),
+    ("replay_read_us", "replay us (staggered)", ".1f"),
+    ("replay_read_inphase_us", "replay us (in-phase)", ".1f"),
+    ("conventional_us", "conventional us", ".1f"),
+    ("speedup_read", "conv/replay", ".2f"),
+    ("bytes_model_ratio_read", "bytes ratio", ".2f"),
+    ("replay_read_pct_floor", "replay % floor", ".1f"),
 ]
 SWEEP_COLUMNS = [
     ("geometry", "geometry", ""),
@@ -593,6 +636,10 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="headline rows: replay kernel time per step by kernel (profiler)")
     ap.add_argument("--headline-only", action="store_true", help="only the batch-256, window-16 table")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU under the Triton interpreter; no timing")
+    ap.add_argument(
+        "--read-dtype", choices=list(READ_DTYPES), default=None,
+        help="headline rows: also the replay step reading a copy of the checkpoint in this dtype (SPEC §4)",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.dry_run:
         dry_run()
@@ -644,6 +691,7 @@ def main() -> None:
         row = measure_point(
             name, geometry, HEADLINE_BATCH, HEADLINE_WINDOW, bw, device, fla_fn, full=True, repeats=args.repeats,
             config=chosen.get(name), breakdown=args.breakdown, conventional_config=chosen_conventional.get(name),
+            read_dtype=READ_DTYPES.get(args.read_dtype),
         )  # fmt: skip
         headline.append(row)
         log(f"headline {json.dumps(row)}")
@@ -678,6 +726,9 @@ def main() -> None:
     log(f"\n{meta['gpu']}, streaming bandwidth {bw / 1e12:.3f} TB/s; fla: {meta['fla']}")
     log(f"headline: batch {HEADLINE_BATCH}, window {HEADLINE_WINDOW}, fp32 state, bf16 inputs, us per decode step\n")
     log(format_table(headline, HEADLINE_COLUMNS))
+    if args.read_dtype:
+        log(f"\nthe same steps with a {args.read_dtype} read copy of the fp32 checkpoint (SPEC §4), same conventional kernel\n")
+        log(format_table(headline, READ_COLUMNS))
     log_file.close()
 
 

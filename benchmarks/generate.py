@@ -23,6 +23,9 @@ With ``--captured``, also ``conventional-captured`` and ``replay-captured``:
 the patched step in a static cache through ``torch.compile(fullgraph=True,
 dynamic=False)``, mode "reduce-overhead" (CUDA graphs) with inductor; with
 ``--tiny`` on the CPU the backend is "eager" (a smoke test of the plumbing).
+``replay-read`` and ``replay-read-captured`` (only when ``--modes`` names
+them): replay with a bf16 read copy of the fp32 checkpoint
+(``ReplayConfig.read_dtype``, SPEC §4).
 Dynamo's caches (and CUDA graphs) are reset after each captured mode, so the
 next one compiles from scratch. ``--modes`` picks a subset.
 
@@ -82,6 +85,7 @@ Prints a markdown table; writes ``generate.json`` (NaN for a failed mode) and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -141,6 +145,8 @@ TINY = {"nemotron_h-like": "nemotron_h", "qwen3_5-like": "qwen3_5"}
 MODES = ("transformers", "conventional", "replay")
 #: --captured adds these: the patched step in a static cache, through torch.compile (CUDA graphs on CUDA)
 CAPTURED_MODES = ("conventional-captured", "replay-captured")
+#: replay with a bf16 read copy of the checkpoint (SPEC §4); only when --modes names them
+READ_COPY_MODES = ("replay-read", "replay-read-captured")
 
 
 def model_config(name: str):
@@ -371,7 +377,10 @@ def measure_mode(
 ) -> dict:
     """Patch ``model`` for ``mode`` and measure its decode: tokens/s, ms per step, peak GiB, state-op share."""
     replayssm.unpatch(model)
-    step, _, captured = mode.partition("-")
+    step, _, variant = mode.partition("-")
+    captured = variant.endswith("captured")
+    if variant.startswith("read"):
+        config = dataclasses.replace(config, read_dtype=torch.bfloat16)
     if step != "transformers":
         replayssm.patch(model, config, step=step)
     if device.type == "cuda":
@@ -502,7 +511,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=None)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument(
-        "--modes", nargs="+", default=None, choices=MODES + CAPTURED_MODES, help="default: all (the captured ones with --captured)"
+        "--modes", nargs="+", default=None, choices=MODES + CAPTURED_MODES + READ_COPY_MODES,
+        help="default: all but the read-copy ones (the captured ones with --captured)",
     )
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=None, help="prefill tokens (default 64; 8 with --tiny)")
@@ -554,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
         "repeats": repeats,
         "profile_steps": profile_steps if device.type == "cuda" else 0,
         "modes": list(modes),
-        "captured": compile_kwargs if set(modes) & set(CAPTURED_MODES) else None,
+        "captured": compile_kwargs if any(m.endswith("captured") for m in modes) else None,
         "kernels": {mod: _importable(mod) for mod in ("mamba_ssm", "causal_conv1d", "fla")},
     }
     args.out.mkdir(parents=True, exist_ok=True)

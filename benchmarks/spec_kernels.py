@@ -117,12 +117,12 @@ class SpecCase:
                 x, dt, B, C, z = inp
                 tensors = (st.checkpoint, st.ring_x, st.ring_B, st.ring_dt, st.ring_logdecay, st.cursor, st.pending)
                 steps.append(lambda x=x, dt=dt, B=B, C=C, z=z, acc=acc: (
-                    replayssm.ops.mamba2_step(x, dt, b.A, B, C, b.D, b.dt_bias, z, *tensors, b.rows, False, True),
+                    replayssm.ops.mamba2_step(x, dt, b.A, B, C, b.D, b.dt_bias, z, *tensors, b.rows, False, True, None),
                     replayssm.ops.commit(st.cursor, st.pending, b.rows, acc)))
             else:
                 tensors = (st.checkpoint, st.ring_k, st.ring_d, st.ring_g, st.cursor, st.pending)
                 steps.append(lambda inp=inp, acc=acc: (
-                    replayssm.ops.gdn_step(*inp, *tensors, b.rows, False, True, None),
+                    replayssm.ops.gdn_step(*inp, *tensors, b.rows, False, True, None, None),
                     replayssm.ops.commit(st.cursor, st.pending, b.rows, acc)))
         return steps  # fmt: skip
 

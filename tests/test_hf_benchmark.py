@@ -88,3 +88,14 @@ def test_benchmark_models_have_the_issue_geometry(bench):
     assert (qwen.hidden_size, qwen.linear_num_key_heads, qwen.linear_num_value_heads, qwen.linear_key_head_dim) == (2048, 16, 32, 128)
     assert qwen.num_hidden_layers == 4 and qwen.layer_types.count("linear_attention") == 3
     assert qwen.vocab_size == nemotron.vocab_size == 32000
+
+
+def test_read_copy_modes_run(bench, tmp_path):
+    """``--modes replay-read replay-read-captured``: replay with a bf16 read copy of the checkpoint, eager and
+    through the compiled static-cache step; the copy adds half an fp32 checkpoint to the state bytes."""
+    bench.main(["--tiny", "--device", "cpu", "--models", "qwen3_5-like", "--batches", "2", "--steps", "2", "--modes", "replay", "replay-read", "replay-read-captured", "--no-assisted", "--out", str(tmp_path)])
+    [row] = json.loads((tmp_path / "generate.json").read_text())["decode"]
+    assert row["errors"] == {}
+    for mode in ("replay-read", "replay-read-captured"):
+        assert row["tokens_per_s"][mode] > 0
+        assert row["ssm_state_gib"][mode] > row["ssm_state_gib"]["replay"]

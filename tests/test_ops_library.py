@@ -10,9 +10,9 @@ M_GEOM = Mamba2Geometry(heads=4, head_dim=8, state_size=6, groups=2)
 G_GEOM = GDNGeometry(key_heads=1, value_heads=2, key_dim=8, value_dim=6)
 
 
-def _warm_mamba2(T_prefix=2, slots=3, window=4):
+def _warm_mamba2(T_prefix=2, slots=3, window=4, read_dtype=None):
     gen = torch.Generator().manual_seed(0)
-    state = Mamba2ReplayState(M_GEOM, slots, ReplayConfig(window=window))
+    state = Mamba2ReplayState(M_GEOM, slots, ReplayConfig(window=window, read_dtype=read_dtype))
     p = mamba2_params(M_GEOM, gen)
     for _ in range(T_prefix):
         x, dt, B, C, z = mamba2_inputs(M_GEOM, slots, 1, gen)
@@ -20,36 +20,44 @@ def _warm_mamba2(T_prefix=2, slots=3, window=4):
     return state, p, gen
 
 
-def _warm_gdn(T_prefix=2, slots=3, window=4):
+def _warm_gdn(T_prefix=2, slots=3, window=4, read_dtype=None):
     gen = torch.Generator().manual_seed(0)
-    state = GDNReplayState(G_GEOM, slots, ReplayConfig(window=window))
+    state = GDNReplayState(G_GEOM, slots, ReplayConfig(window=window, read_dtype=read_dtype))
     for _ in range(T_prefix):
         state.step(*gdn_inputs(G_GEOM, slots, 1, gen), use_qk_l2norm=True)
     return state, gen
 
 
-def _mamba2_step_args(T, commit, prefix=2):
-    state, p, gen = _warm_mamba2(prefix)
+def _mamba2_step_args(T, commit, prefix=2, read_dtype=None):
+    state, p, gen = _warm_mamba2(prefix, read_dtype=read_dtype)
     x, dt, B, C, z = mamba2_inputs(M_GEOM, 3, T, gen)
     rows = torch.tensor([2, 0, 1])
     s = state
-    return (x, dt, p.A, B, C, p.D, p.dt_bias, z, s.checkpoint, s.ring_x, s.ring_B, s.ring_dt, s.ring_logdecay, s.cursor, s.pending, rows, commit, True)
+    return (x, dt, p.A, B, C, p.D, p.dt_bias, z, s.checkpoint, s.ring_x, s.ring_B, s.ring_dt, s.ring_logdecay, s.cursor, s.pending, rows, commit, True, s.read_checkpoint)
 
 
-def _gdn_step_args(T, commit, prefix=2):
-    state, gen = _warm_gdn(prefix)
+def _gdn_step_args(T, commit, prefix=2, read_dtype=None):
+    state, gen = _warm_gdn(prefix, read_dtype=read_dtype)
     s = state
-    return gdn_inputs(G_GEOM, 3, T, gen) + (s.checkpoint, s.ring_k, s.ring_d, s.ring_g, s.cursor, s.pending, torch.tensor([1, 2, 0]), commit, True, None)
+    rows = torch.tensor([1, 2, 0])
+    return gdn_inputs(G_GEOM, 3, T, gen) + (s.checkpoint, s.ring_k, s.ring_d, s.ring_g, s.cursor, s.pending, rows, commit, True, None, s.read_checkpoint)
 
 
-@pytest.mark.parametrize("T, commit, prefix", [(1, True, 2), (1, True, 4), (3, False, 2)], ids=["decode", "decode-flush", "verify-flush"])
-def test_opcheck_mamba2_step(T, commit, prefix):
-    torch.library.opcheck(ops.mamba2_step, _mamba2_step_args(T, commit, prefix))
+STEP_CASES = [(1, True, 2), (1, True, 4), (3, False, 2)]
+STEP_IDS = ["decode", "decode-flush", "verify-flush"]
+READ = [pytest.param(None, id="fp32-reads"), pytest.param(torch.bfloat16, id="bf16-read-copy")]
 
 
-@pytest.mark.parametrize("T, commit, prefix", [(1, True, 2), (1, True, 4), (3, False, 2)], ids=["decode", "decode-flush", "verify-flush"])
-def test_opcheck_gdn_step(T, commit, prefix):
-    torch.library.opcheck(ops.gdn_step, _gdn_step_args(T, commit, prefix))
+@pytest.mark.parametrize("read_dtype", READ)
+@pytest.mark.parametrize("T, commit, prefix", STEP_CASES, ids=STEP_IDS)
+def test_opcheck_mamba2_step(T, commit, prefix, read_dtype):
+    torch.library.opcheck(ops.mamba2_step, _mamba2_step_args(T, commit, prefix, read_dtype))
+
+
+@pytest.mark.parametrize("read_dtype", READ)
+@pytest.mark.parametrize("T, commit, prefix", STEP_CASES, ids=STEP_IDS)
+def test_opcheck_gdn_step(T, commit, prefix, read_dtype):
+    torch.library.opcheck(ops.gdn_step, _gdn_step_args(T, commit, prefix, read_dtype))
 
 
 def test_opcheck_materialize_and_commit():
@@ -82,9 +90,9 @@ def test_compile_fullgraph_matches_eager():
     def step(m_state, g_state, m_in, g_in, p):
         x, dt, B, C, z = m_in
         y = ops.mamba2_step(x, dt, p.A, B, C, p.D, p.dt_bias, z, m_state.checkpoint, m_state.ring_x, m_state.ring_B,
-                            m_state.ring_dt, m_state.ring_logdecay, m_state.cursor, m_state.pending, rows, True, True)  # fmt: skip
+                            m_state.ring_dt, m_state.ring_logdecay, m_state.cursor, m_state.pending, rows, True, True, None)  # fmt: skip
         o = ops.gdn_step(*g_in, g_state.checkpoint, g_state.ring_k, g_state.ring_d, g_state.ring_g, g_state.cursor,
-                         g_state.pending, rows, True, True, None)  # fmt: skip
+                         g_state.pending, rows, True, True, None, None)  # fmt: skip
         return y * 2, o + 1
 
     rows = torch.tensor([0, 1, 2])

@@ -10,6 +10,9 @@ import torch
 CHECKPOINT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Dtypes the ring may keep activation copies in (Mamba-2 x and B, GDN k).
 RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Dtypes of the read copy of the checkpoint (SPEC §4): what every step's
+#: outputs read, written at each flush from the fp32 fold.
+READ_DTYPES = (torch.float16, torch.bfloat16)
 #: Windows above this are refused: the ring is re-read every step, so a long
 #: window trades checkpoint writes for ring reads and stops paying off well
 #: before this (see replayssm.traffic).
@@ -37,11 +40,22 @@ class ReplayConfig:
             normalised in fp32, and rounding them would put bf16 error into
             every fold). Quantities computed in fp32 (dt, log-decays, GDN's
             corrected update) are always kept in fp32.
+        read_dtype: dtype of a second, low-precision copy of the checkpoint
+            that the steps read (SPEC §4): fp16 or bf16, or ``None`` (the
+            default) for reads from the checkpoint itself. A flush writes
+            both copies from its fp32 fold; every other step reads the read
+            copy only, so a non-flush step moves half the checkpoint bytes
+            of an fp32 read. The checkpoint (``state_dtype``) still carries
+            the recurrence: Mamba-2's recurrence never sees the read copy's
+            rounding, only its outputs do. GDN's does at one remove: the
+            corrected update ``d = beta (v - S k)`` is computed from the read
+            copy (SPEC §5: GDN reads with q and k), then folded exactly.
     """
 
     window: int = 16
     state_dtype: torch.dtype = torch.float32
     ring_dtype: torch.dtype | None = None
+    read_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int):
@@ -54,3 +68,6 @@ class ReplayConfig:
         if self.ring_dtype is not None and self.ring_dtype not in RING_DTYPES:
             names = ", ".join(_dtype_name(d) for d in RING_DTYPES)
             raise ValueError(f"ReplayConfig.ring_dtype must be None or one of {names}, got {self.ring_dtype}")
+        if self.read_dtype is not None and self.read_dtype not in READ_DTYPES:
+            names = ", ".join(_dtype_name(d) for d in READ_DTYPES)
+            raise ValueError(f"ReplayConfig.read_dtype must be None or one of {names}, got {self.read_dtype}")

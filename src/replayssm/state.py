@@ -2,7 +2,9 @@
 
 A state holds ``slots`` independent rows (requests). Each row has
 
-* a **checkpoint**: the exact state after the row's last flush;
+* a **checkpoint**: the exact state after the row's last flush (and, with
+  ``config.read_dtype``, a low-precision **read copy** of it that the steps
+  read; SPEC §4);
 * a **ring** of ``window`` entries: what the tokens since then added
   (Mamba-2: x, B, dt, dt*A; GDN: normalised k, corrected update d, log-decay g);
 * a **cursor**: how many ring entries are committed, and **pending**: how
@@ -77,17 +79,31 @@ class ReplayState:
             raise TypeError(f"{type(self).__name__}: config must be a ReplayConfig, got {type(config).__name__}")
         self.slots = slots
         self.window = self.config.window
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        # "cuda" names the current GPU; tensors on it say "cuda:0" (or its index): compare like with like.
+        self.device = torch.empty(0, device=device).device if device is not None else torch.device("cpu")
         self.cursor = torch.zeros(slots, dtype=torch.int32, device=self.device)
         self.pending = torch.zeros(slots, dtype=torch.int32, device=self.device)
 
     # -- the tensors -----------------------------------------------------------
 
     def _tensor_names(self) -> tuple[str, ...]:
-        return ("checkpoint",) + self._ring_names + ("cursor", "pending")
+        read = ("read_checkpoint",) if self.read_checkpoint is not None else ()
+        return ("checkpoint",) + read + self._ring_names + ("cursor", "pending")
+
+    def _allocate_checkpoint(self, shape: tuple[int, ...]) -> None:
+        """The checkpoint in ``config.state_dtype`` and, with ``config.read_dtype``, its read copy."""
+        self.checkpoint = torch.zeros(shape, dtype=self.config.state_dtype, device=self.device)
+        read_dtype = self.config.read_dtype
+        self.read_checkpoint = torch.zeros(shape, dtype=read_dtype, device=self.device) if read_dtype is not None else None
+
+    def _store_checkpoint(self, rows: Tensor, state: Tensor) -> None:
+        """Make ``state`` the checkpoint of ``rows``, each copy rounded from it to its own dtype."""
+        self.checkpoint[rows] = state.to(device=self.device, dtype=self.checkpoint.dtype)
+        if self.read_checkpoint is not None:
+            self.read_checkpoint[rows] = state.to(device=self.device, dtype=self.read_checkpoint.dtype)
 
     def tensors(self) -> dict[str, Tensor]:
-        """Every tensor of the state by name (checkpoint, ring, cursor, pending)."""
+        """Every tensor of the state by name (checkpoint, read copy if any, ring, cursor, pending)."""
         return {name: getattr(self, name) for name in self._tensor_names()}
 
     @property
@@ -137,6 +153,8 @@ class ReplayState:
         """Start ``rows`` afresh: zero checkpoint, empty ring (a new request in that slot)."""
         rows = self._rows(rows)
         self.checkpoint[rows] = 0
+        if self.read_checkpoint is not None:
+            self.read_checkpoint[rows] = 0
         self.cursor[rows] = 0
         self.pending[rows] = 0
 
@@ -144,7 +162,7 @@ class ReplayState:
         """Make ``state`` (e.g. what a prefill produced) the checkpoint of ``rows``; empties their rings.
 
         ``state`` has the layout of ``checkpoint`` with ``len(rows)`` rows; it
-        is rounded to the checkpoint dtype.
+        is rounded to the checkpoint dtype (and to the read copy's, if any).
         """
         rows = self._rows(rows)
         self._check_distinct(rows)
@@ -154,7 +172,7 @@ class ReplayState:
             raise ValueError(f"{type(self).__name__}.load: state must have shape {expected}, got {got}")
         if not state.is_floating_point():
             raise TypeError(f"{type(self).__name__}.load: state must be a floating tensor, got {state.dtype}")
-        self.checkpoint[rows] = state.to(device=self.device, dtype=self.checkpoint.dtype)
+        self._store_checkpoint(rows, state)
         self.cursor[rows] = 0
         self.pending[rows] = 0
 
@@ -209,7 +227,7 @@ class ReplayState:
         self.cursor[rows] = count.to(self.cursor.dtype)
         folded = self.materialize(rows)
         self.cursor[rows] = cursor
-        self.checkpoint[rows] = folded.to(self.checkpoint.dtype)
+        self._store_checkpoint(rows, folded)
         # Entry j of each row becomes entry j + count of that row (beyond the end: unused copies).
         source = (torch.arange(self.window, device=self.device)[None, :] + count[:, None]).clamp_max(self.window - 1)
         for name in self._ring_names:
@@ -258,12 +276,13 @@ class ReplayState:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(slots={self.slots}, geometry={self.geometry}, window={self.window}, "
-            f"state_dtype={self.checkpoint.dtype}, device={self.device}, nbytes={self.nbytes})"
+            f"state_dtype={self.checkpoint.dtype}, read_dtype={self.config.read_dtype}, device={self.device}, nbytes={self.nbytes})"
         )
 
     # subclass interface
     geometry: object
     checkpoint: Tensor
+    read_checkpoint: Tensor | None = None
 
     def _empty_like(self, slots: int, config: ReplayConfig) -> "ReplayState":
         raise NotImplementedError
@@ -276,7 +295,8 @@ class Mamba2ReplayState(ReplayState):
     """Replay state of one Mamba-2 layer.
 
     Tensors (``L`` = window): checkpoint ``(slots, heads, head_dim,
-    state_size)`` in ``config.state_dtype``; ring_x ``(slots, L, heads,
+    state_size)`` in ``config.state_dtype`` (read_checkpoint: the same in
+    ``config.read_dtype``, or None); ring_x ``(slots, L, heads,
     head_dim)`` and ring_B ``(slots, L, groups, state_size)`` in the ring
     dtype; ring_dt and ring_logdecay ``(slots, L, heads)`` fp32; cursor and
     pending ``(slots,)`` int32.
@@ -307,7 +327,7 @@ class Mamba2ReplayState(ReplayState):
         self.activation_dtype = activation_dtype
         g, L, dev = geometry, self.window, self.device
         ring_dtype = self.config.ring_dtype or activation_dtype
-        self.checkpoint = torch.zeros(slots, g.heads, g.head_dim, g.state_size, dtype=self.config.state_dtype, device=dev)
+        self._allocate_checkpoint((slots, g.heads, g.head_dim, g.state_size))
         self.ring_x = torch.zeros(slots, L, g.heads, g.head_dim, dtype=ring_dtype, device=dev)
         self.ring_B = torch.zeros(slots, L, g.groups, g.state_size, dtype=ring_dtype, device=dev)
         self.ring_dt = torch.zeros(slots, L, g.heads, dtype=torch.float32, device=dev)
@@ -339,7 +359,7 @@ class Mamba2ReplayState(ReplayState):
         return ops.mamba2_step(
             x, dt, A, B, C, D, dt_bias, z,
             self.checkpoint, self.ring_x, self.ring_B, self.ring_dt, self.ring_logdecay, self.cursor, self.pending,
-            rows, commit, dt_softplus,
+            rows, commit, dt_softplus, self.read_checkpoint,
         )  # fmt: skip
 
     def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:
@@ -352,7 +372,8 @@ class GDNReplayState(ReplayState):
     """Replay state of one Gated DeltaNet layer.
 
     Tensors (``L`` = window): checkpoint ``(slots, value_heads, value_dim,
-    key_dim)`` in ``config.state_dtype`` (key_dim contiguous, as vLLM lays it
+    key_dim)`` in ``config.state_dtype`` (read_checkpoint: the same in
+    ``config.read_dtype``, or None; key_dim contiguous, as vLLM lays it
     out; Hugging Face keeps the transpose); ring_k ``(slots, L, key_heads,
     key_dim)`` (normalised keys, fp32 unless ``config.ring_dtype``); ring_d
     ``(slots, L, value_heads, value_dim)`` and ring_g ``(slots, L,
@@ -374,7 +395,7 @@ class GDNReplayState(ReplayState):
         self.geometry = geometry
         g, L, dev = geometry, self.window, self.device
         ring_dtype = self.config.ring_dtype or torch.float32
-        self.checkpoint = torch.zeros(slots, g.value_heads, g.value_dim, g.key_dim, dtype=self.config.state_dtype, device=dev)
+        self._allocate_checkpoint((slots, g.value_heads, g.value_dim, g.key_dim))
         self.ring_k = torch.zeros(slots, L, g.key_heads, g.key_dim, dtype=ring_dtype, device=dev)
         self.ring_d = torch.zeros(slots, L, g.value_heads, g.value_dim, dtype=torch.float32, device=dev)
         self.ring_g = torch.zeros(slots, L, g.value_heads, dtype=torch.float32, device=dev)
@@ -400,7 +421,7 @@ class GDNReplayState(ReplayState):
         return ops.gdn_step(
             q, k, v, g, beta,
             self.checkpoint, self.ring_k, self.ring_d, self.ring_g, self.cursor, self.pending,
-            rows, commit, use_qk_l2norm, scale,
+            rows, commit, use_qk_l2norm, scale, self.read_checkpoint,
         )  # fmt: skip
 
     def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:

@@ -9,6 +9,9 @@ docs (SPEC §6). Per decode step (one token per row, ``batch`` rows):
   registers, so its read is the same read), read the committed ring entries
   (the schedule of ``ops.mamba2_step``: cursors L, 1, 2, ..., L-1 at the start
   of the L steps, so (L + 1) / 2 entries on average) and write one entry.
+  With a read copy (``read_dtype``, SPEC §4) the L - 1 steps that do not
+  flush read the copy instead; the flush step reads the checkpoint for its
+  fold and writes both.
 
 Both also read the step's inputs and write its outputs once; those bytes
 are listed separately so a floor can include or exclude them.
@@ -67,8 +70,9 @@ def decode_traffic(
     state_dtype: torch.dtype = torch.float32,
     input_dtype: torch.dtype = torch.bfloat16,
     ring_dtype: torch.dtype | None = None,
+    read_dtype: torch.dtype | None = None,
 ) -> Traffic:
-    """Bytes per decode step (T = 1) for one layer; ``ring_dtype`` as in ``ReplayConfig``."""
+    """Bytes per decode step (T = 1) for one layer; ``ring_dtype`` and ``read_dtype`` as in ``ReplayConfig``."""
     if batch < 1 or window < 1:
         raise ValueError(f"decode_traffic: batch and window must be >= 1, got batch={batch}, window={window}")
     s_state, s_in, f32 = _size(state_dtype), _size(input_dtype), 4
@@ -90,7 +94,11 @@ def decode_traffic(
         raise TypeError(f"decode_traffic: geometry must be a Mamba2Geometry or GDNGeometry, got {type(geometry).__name__}")
     conventional = 2 * state
     ring_reads = (window + 1) / 2 * entry
-    replay = state + state / window + ring_reads + entry
+    if read_dtype is None:
+        replay = state + state / window + ring_reads + entry
+    else:
+        read = state // s_state * _size(read_dtype)
+        replay = read * (window - 1) / window + (2 * state + read) / window + ring_reads + entry
     return Traffic(
         conventional_state=batch * conventional,
         replay_state=batch * replay,

@@ -35,8 +35,8 @@ __all__ = [
     "causal_conv_step",
 ]
 
-_MAMBA2_STATE = ("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay", "cursor", "pending")
-_GDN_STATE = ("checkpoint", "ring_k", "ring_d", "ring_g", "cursor", "pending")
+_MAMBA2_STATE = ("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay", "cursor", "pending", "read_checkpoint")
+_GDN_STATE = ("checkpoint", "ring_k", "ring_d", "ring_g", "cursor", "pending", "read_checkpoint")
 
 
 # ---------------------------------------------------------------------------
@@ -64,6 +64,7 @@ def mamba2_step(
     rows: Tensor,
     commit: bool,
     dt_softplus: bool,
+    read_checkpoint: Tensor | None,
 ) -> Tensor:
     """Replay decode / verification step of a Mamba-2 layer for T tokens per row.
 
@@ -88,15 +89,27 @@ def mamba2_step(
     (verification) leaves them pending for ``commit``. Uncommitted entries of
     an earlier call are dropped. Returns y ``(batch, T, heads, head_dim)`` in
     x's dtype.
+
+    ``read_checkpoint`` (mutated, or None; SPEC §4): an fp16 / bf16 copy of
+    the checkpoint, same shape and strides. (No default: torch 2.11 drops a
+    defaulted trailing argument before marking the mutated ones.) With it every output reads the
+    copy instead of the checkpoint, and a flush writes both from its fp32
+    fold (the copy rounded from the fold, not from the stored checkpoint).
     """
-    _checks.check_mamba2_step(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows)
-    return reference.mamba2_step(
-        x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus
+    _checks.check_mamba2_step(
+        x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, read_checkpoint
     )
+    return reference.mamba2_step(
+        x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus,
+        read_checkpoint,
+    )  # fmt: skip
 
 
 @mamba2_step.register_fake
-def _(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus):
+def _(
+    x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus,
+    read_checkpoint,
+):  # fmt: skip
     return x.new_empty(x.shape)
 
 
@@ -201,6 +214,7 @@ def gdn_step(
     commit: bool,
     use_qk_l2norm: bool,
     scale: float | None,
+    read_checkpoint: Tensor | None,
 ) -> Tensor:
     """Replay decode / verification step of a Gated DeltaNet layer for T tokens per row.
 
@@ -221,13 +235,19 @@ def gdn_step(
     Same per-row behaviour as ``mamba2_step``; for T > 1 the corrected
     updates of the T tokens solve the unit lower-triangular system of SPEC §3.
     Returns o ``(batch, T, value_heads, value_dim)`` in v's dtype.
+
+    ``read_checkpoint``: as for ``mamba2_step``. Both reads of the state
+    (``S q`` for the output and ``S k`` for the corrected update) come from
+    the copy; the fold stays exact given the ring's d.
     """
-    _checks.check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale)
-    return reference.gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale)
+    _checks.check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint)
+    return reference.gdn_step(
+        q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint
+    )
 
 
 @gdn_step.register_fake
-def _(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale):
+def _(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint):
     return v.new_empty(v.shape)
 
 

@@ -24,6 +24,7 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 ACCUM_DTYPES = (torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
+READ_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _names(dtypes: Sequence[torch.dtype]) -> str:
@@ -121,9 +122,30 @@ def check_rows_and_cursors(
     del num_tokens  # T <= window is a shape check, done by the caller
 
 
+def _check_read_checkpoint(ck: ArgChecker, read_checkpoint, checkpoint: Tensor, layout: str) -> None:
+    """The optional read copy (SPEC §4): the checkpoint's shape and strides (kernels address both with
+    one set of strides), a 16-bit dtype, its own storage."""
+    ck.tensor("read_checkpoint", read_checkpoint, tuple(checkpoint.shape), layout, READ_DTYPES, optional=True)
+    if read_checkpoint is None:
+        return
+    ck.condition(
+        read_checkpoint.stride() == checkpoint.stride(),
+        ValueError,
+        "read_checkpoint",
+        f"must have the checkpoint's strides {checkpoint.stride()}, got {read_checkpoint.stride()}",
+    )
+    ck.condition(
+        read_checkpoint.untyped_storage().data_ptr() != checkpoint.untyped_storage().data_ptr(),
+        ValueError,
+        "read_checkpoint",
+        "must not share storage with the checkpoint",
+    )
+
+
 def check_mamba2_step(
-    x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows
-) -> None:
+    x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows,
+    read_checkpoint=None,
+) -> None:  # fmt: skip
     # The state tensors fix the geometry; the inputs are checked against them.
     ck = ArgChecker("mamba2_step", checkpoint.device if isinstance(checkpoint, Tensor) else torch.device("cpu"))
     ck.tensor("checkpoint", checkpoint, (None, None, None, None), "(slots, heads, head_dim, state_size)", STATE_DTYPES)
@@ -145,10 +167,11 @@ def check_mamba2_step(
     ck.tensor("D", D, (heads,), "(heads,)", FLOAT_DTYPES, optional=True)
     ck.tensor("dt_bias", dt_bias, (heads,), "(heads,)", FLOAT_DTYPES, optional=True)
     ck.tensor("z", z, (batch, num_tokens, heads, head_dim), "(batch, T, heads, head_dim)", FLOAT_DTYPES, optional=True)
+    _check_read_checkpoint(ck, read_checkpoint, checkpoint, "(slots, heads, head_dim, state_size)")
     _check_cursor_rows(ck, "x", cursor, pending, rows, slots, batch, window, num_tokens)
 
 
-def check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale) -> None:
+def check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint=None) -> None:
     ck = ArgChecker("gdn_step", checkpoint.device if isinstance(checkpoint, Tensor) else torch.device("cpu"))
     ck.tensor("checkpoint", checkpoint, (None, None, None, None), "(slots, value_heads, value_dim, key_dim)", STATE_DTYPES)
     slots, value_heads, value_dim, key_dim = checkpoint.shape
@@ -170,6 +193,7 @@ def check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor,
     ck.tensor("g", g, (batch, num_tokens, value_heads), "(batch, T, value_heads)", FLOAT_DTYPES)
     ck.tensor("beta", beta, (batch, num_tokens, value_heads), "(batch, T, value_heads)", FLOAT_DTYPES)
     ck.condition(scale is None or scale > 0, ValueError, "scale", f"must be None or positive, got {scale}")
+    _check_read_checkpoint(ck, read_checkpoint, checkpoint, "(slots, value_heads, value_dim, key_dim)")
     _check_cursor_rows(ck, "v", cursor, pending, rows, slots, batch, window, num_tokens)
 
 

@@ -20,8 +20,8 @@ The replay step for T tokens of one row with committed cursor ``c``:
 
 1. if ``c + T > window``, fold the ``c`` committed ring entries into the
    checkpoint (the only checkpoint write), and ``c = 0``;
-2. compute the T outputs from the checkpoint, the ``c`` ring entries and the
-   causal terms among the T tokens;
+2. compute the T outputs from the checkpoint (or its read copy, SPEC §4), the
+   ``c`` ring entries and the causal terms among the T tokens;
 3. write the T entries at ring positions ``c .. c+T-1``; with ``commit`` they
    are committed at once (``cursor = c + T``), otherwise they are pending
    until ``commit``.
@@ -101,6 +101,21 @@ def _append(rows: Tensor, start: Tensor, commit: bool, cursor: Tensor, pending: 
         pending.index_fill_(0, rows, num_tokens)
 
 
+def _store_fold(folded: Tensor, flush: Tensor, rows: Tensor, checkpoint: Tensor, read_checkpoint: Tensor | None, state: Tensor) -> Tensor:
+    """Store the fold of the flushing rows and return the state the outputs read, per row.
+
+    The checkpoint (and the read copy, if any: SPEC §4) take the fold rounded to their dtypes; the
+    outputs read the read copy where there is one, else the checkpoint, as stored.
+    """
+    stored = folded.to(checkpoint.dtype)
+    checkpoint[rows[flush]] = stored[flush]
+    if read_checkpoint is not None:
+        stored = folded.to(read_checkpoint.dtype)
+        read_checkpoint[rows[flush]] = stored[flush]
+        state = read_checkpoint[rows].to(folded.dtype)
+    return torch.where(flush[:, None, None, None], stored.to(folded.dtype), state)
+
+
 def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     # Same formula as the Hugging Face and fla GDN paths.
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
@@ -148,6 +163,7 @@ def mamba2_step(
     rows: Tensor,
     commit: bool,
     dt_softplus: bool,
+    read_checkpoint: Tensor | None = None,
 ) -> Tensor:
     """Reference replay step for Mamba-2; see ``replayssm.ops.mamba2_step``."""
     batch, num_tokens, heads, head_dim = x.shape
@@ -167,11 +183,10 @@ def mamba2_step(
     flush = c + num_tokens > window
     if bool(flush.any()):
         folded = _mamba2_fold(state, ring_x_r, ring_B_r, ring_dt_r, ring_ld_r, _ring_valid(c, window))
-        stored = folded.to(checkpoint.dtype)
-        checkpoint[rows[flush]] = stored[flush]
-        # Outputs are computed from the checkpoint as stored (rounded to its dtype).
-        state = torch.where(flush[:, None, None, None], stored.to(cd), state)
+        state = _store_fold(folded, flush, rows, checkpoint, read_checkpoint, state)
         c = torch.where(flush, torch.zeros_like(c), c)
+    elif read_checkpoint is not None:
+        state = read_checkpoint[rows].to(cd)
 
     # 2. outputs: the sequence is the committed ring entries followed by the T new tokens.
     valid = _ring_valid(c, window).to(cd)
@@ -298,6 +313,7 @@ def gdn_step(
     commit: bool,
     use_qk_l2norm: bool,
     scale: float | None,
+    read_checkpoint: Tensor | None = None,
 ) -> Tensor:
     """Reference replay step for Gated DeltaNet; see ``replayssm.ops.gdn_step``."""
     batch, num_tokens, key_heads, key_dim = k.shape
@@ -317,10 +333,10 @@ def gdn_step(
     flush = c + num_tokens > window
     if bool(flush.any()):
         folded = _gdn_fold(state, ring_k_r, ring_d_r, ring_g_r, _ring_valid(c, window).to(cd))
-        stored = folded.to(checkpoint.dtype)
-        checkpoint[rows[flush]] = stored[flush]
-        state = torch.where(flush[:, None, None, None], stored.to(cd), state)
+        state = _store_fold(folded, flush, rows, checkpoint, read_checkpoint, state)
         c = torch.where(flush, torch.zeros_like(c), c)
+    elif read_checkpoint is not None:
+        state = read_checkpoint[rows].to(cd)
 
     # 2. outputs. Sequence = committed ring entries, then the T new tokens whose
     #    corrected updates d_t are solved for in order (unit lower-triangular).

@@ -84,7 +84,7 @@ class Mamba2Adapter(MixerAdapter):
                 x, dt, A, B, C, m.D, m.dt_bias, z,
                 state.checkpoint, state.ring_x, state.ring_B, state.ring_dt, state.ring_logdecay,
                 state.cursor, state.pending,
-                layer.replay_rows, commit, True,
+                layer.replay_rows, commit, True, state.read_checkpoint,
             )  # fmt: skip
         y = y.reshape(batch, num_tokens, -1)
         if not self.gate_in_recurrence:

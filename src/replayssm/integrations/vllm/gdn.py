@@ -170,6 +170,7 @@ class ReplayQwenGatedDeltaNet(C.ReplayLayerMixin, QwenGatedDeltaNetAttention):
             commit,
             True,
             None,
+            None,  # no read copy: the checkpoint is vLLM's own state tensor
         )  # fmt: skip
         return rows.unpad(o)
 

@@ -101,6 +101,7 @@ class ReplayMambaMixer2(C.ReplayLayerMixin, MambaMixer2):
             rows.slots,
             not spec,
             True,
+            None,  # no read copy: the checkpoint is vLLM's own state tensor
         )  # fmt: skip
         output.copy_(rows.unpad(y).reshape(ndt, -1).to(output.dtype))
         C.count("mamba2_verify_calls" if spec else "mamba2_decode_calls")

@@ -62,11 +62,13 @@ def register_cuda_kernels() -> None:
     from .. import causal_conv_step, commit, gdn_conventional_step, gdn_step, mamba2_conventional_step, mamba2_step
 
     @mamba2_step.register_kernel("cuda")
-    def _(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus):
-        _checks.check_mamba2_step(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows)
-        return _launcher("mamba2_step")(
-            x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus
-        )
+    def _(
+        x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus,
+        read_checkpoint,
+    ):  # fmt: skip
+        state = (checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows)
+        _checks.check_mamba2_step(x, dt, A, B, C, D, dt_bias, z, *state, read_checkpoint)
+        return _launcher("mamba2_step")(x, dt, A, B, C, D, dt_bias, z, *state, commit, dt_softplus, read_checkpoint)
 
     @mamba2_conventional_step.register_kernel("cuda")
     def _(x, dt, A, B, C, D, dt_bias, z, state, rows, dt_softplus):
@@ -74,9 +76,10 @@ def register_cuda_kernels() -> None:
         return _launcher("mamba2_conventional_step")(x, dt, A, B, C, D, dt_bias, z, state, rows, dt_softplus)
 
     @gdn_step.register_kernel("cuda")
-    def _(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale):
-        _checks.check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale)
-        return _launcher("gdn_step")(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale)
+    def _(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint):
+        state = (checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows)
+        _checks.check_gdn_step(q, k, v, g, beta, *state, scale, read_checkpoint)
+        return _launcher("gdn_step")(q, k, v, g, beta, *state, commit, use_qk_l2norm, scale, read_checkpoint)
 
     @gdn_conventional_step.register_kernel("cuda")
     def _(q, k, v, g, beta, state, rows, use_qk_l2norm, scale):

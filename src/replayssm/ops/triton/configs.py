@@ -102,6 +102,22 @@ _GDN_REPLAY = {
 _GDN_DECODE_LAUNCHES: dict[tuple[int, int], int] = {
     (128, 128): 3,
 }
+# Decoding (T = 1) with a bf16 read copy of the checkpoint (SPEC §4): the main launch reads half the bytes
+# per tile, and the tables above (tuned for fp32 tiles) leave it short of work in flight. One-off sweep,
+# 2026-12-03 08:5x, H200, batch 256, window 16, staggered rows, us per step (docs/kernels.md run 28):
+# Mamba-2 (flush launch; 96x80 / 128x64 / 64x64) 8-row tiles split 4 (the fp32 table) 264.2 / 285.5 / 157.1,
+# one tile per program 255.4 / 276.2 / 150.0, 16-row tiles one per program 231.0 / 251.3 / 136.9, split 3
+# 237.2 / 248.3 / 138.0, split 2 229.8 / 249.2 / 139.9, on 2 warps 281.6 / 306.0 / 165.4, 32 rows on 2 warps
+# 251.8 / 253.8 / 140.2. GDN (16/32 / 16/64) 16-row tiles one per program (the fp32 table) 141.6 / 263.7,
+# looping over 2 / 4 tiles 153.4 / 283.7 and 150.1 / 278.0; 32-row tiles one per program 138.1 / 252.9, on 2
+# warps 160.0 / 297.6, looping over 2 tiles 153.0 / 282.8; 64 rows on 2 warps 176.3 / 328.3.
+_MAMBA2_REPLAY_READ = {
+    (80, 128): LaunchConfig(block=16, split=5, num_warps=1),
+    (64, 128): LaunchConfig(block=16, split=4, num_warps=1),
+}
+_GDN_DECODE_MAIN_READ = {
+    (128, 128): LaunchConfig(block=32, split=4, num_warps=1),
+}
 # GDN decoding through the three launches (T = 1): their main launch. decode_kernels --sweep, 2026-11-29
 # 15:30, after the main launch forms all T corrected updates at once: 16-row tiles 203.6 / 367.7 us
 # against 210.4 / 381.6 for 8-row tiles (16/32 / 16/64 heads; 8 rows had won, 200.7 / 361.3, before).
@@ -249,8 +265,9 @@ def _pick(table: dict, dim: int, key_dim: int, loop: bool) -> LaunchConfig:
     return table.get((dim, key_dim)) or _default(dim, key_dim, loop)
 
 
-def mamba2_replay_config(head_dim: int, state_size: int) -> LaunchConfig:
-    return _pick(_MAMBA2_REPLAY, head_dim, state_size, loop=False)
+def mamba2_replay_config(head_dim: int, state_size: int, read_copy: bool = False) -> LaunchConfig:
+    """The decode (T = 1) main launch; ``read_copy``: reading a 16-bit read copy (``_MAMBA2_REPLAY_READ``)."""
+    return _pick(_MAMBA2_REPLAY_READ if read_copy else _MAMBA2_REPLAY, head_dim, state_size, loop=False)
 
 
 def mamba2_flush_config(head_dim: int, state_size: int) -> LaunchConfig:
@@ -269,11 +286,12 @@ def gdn_replay_config(value_dim: int, key_dim: int) -> LaunchConfig:
     return _pick(_GDN_REPLAY, value_dim, key_dim, loop=True)
 
 
-def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
-    """The three-launch step's main launch: ``_GDN_DECODE_MAIN`` for T = 1, ``_GDN_VERIFY_SHORT`` up to
-    ``_GDN_VERIFY_SHORT_MAX_T`` tokens, ``_GDN_VERIFY`` for longer drafts."""
+def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int, read_copy: bool = False) -> LaunchConfig:
+    """The three-launch step's main launch: ``_GDN_DECODE_MAIN`` for T = 1 (``_GDN_DECODE_MAIN_READ`` when it
+    reads a 16-bit read copy), ``_GDN_VERIFY_SHORT`` up to ``_GDN_VERIFY_SHORT_MAX_T`` tokens, ``_GDN_VERIFY``
+    for longer drafts (verification with a read copy keeps those: not tuned for it)."""
     if num_tokens == 1:
-        table = _GDN_DECODE_MAIN
+        table = _GDN_DECODE_MAIN_READ if read_copy else _GDN_DECODE_MAIN
     else:
         table = _GDN_VERIFY_SHORT if num_tokens <= _GDN_VERIFY_SHORT_MAX_T else _GDN_VERIFY
     return _pick(table, value_dim, key_dim, loop=False)

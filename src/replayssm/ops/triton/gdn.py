@@ -64,6 +64,7 @@ from .common import (
     check_form,
     device_context,
     fold_store_tile,
+    fold_store_tile_read,
     fold_tile,
     folding_rows,
     head_suffix_sums,
@@ -220,13 +221,13 @@ def _gdn_replay_kernel(
 
 @triton.jit
 def _gdn_flush_kernel(
-    p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
+    p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k,
     s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr,
+    T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
@@ -240,6 +241,8 @@ def _gdn_flush_kernel(
 
     ``USE_PDL``: the step's first launch (a plain one); it lets the weights launch start at once, since
     that launch waits before the only thing it does that this one could see (its append).
+
+    ``HAS_READ``: the fold is also stored, rounded from fp32, into the read copy ``p_read`` (SPEC §4).
     """
     allow_next_launch(USE_PDL)
     if WORKLIST:
@@ -253,11 +256,11 @@ def _gdn_flush_kernel(
         else:
             i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         _gdn_fold_head(
-            p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
+            p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
             s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
             s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
             V, K, L, value_per_key, i_s, i_h, i_b,
-            T, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
+            T, HAS_READ, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
         )  # fmt: skip
 
 
@@ -277,11 +280,11 @@ def _fold_weights(p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, 
 
 @triton.jit
 def _gdn_fold_head(
-    p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
+    p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, i_s, i_h, i_b,
-    T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
+    T: tl.constexpr, HAS_READ: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """One fold-launch work item: tile group ``i_s`` of value head ``i_h`` of row ``i_b``, if the row folds."""
@@ -299,11 +302,14 @@ def _gdn_fold_head(
         p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
         p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
         for i_v in range(i_s, NUM_TILES, SPLIT):
-            _, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
+            o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
                 p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
             )
             b_S = fold_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk)
             tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
+            if HAS_READ:
+                p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
+                tl.store(p_read_tile, b_S.to(p_read.dtype.element_ty), mask=m_tile)
 
 
 @triton.jit
@@ -677,14 +683,15 @@ def _store_tokens(p_o_row, p_ring_row_d, b_O, b_D, c_eff, o_v, m_v, o_t, m_t, s_
 
 @triton.jit
 def _gdn_fold_finish_kernel(
-    p_v, p_o, p_g, p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_rows, p_w, p_qk, p_pos, p_arrive,
+    p_v, p_o, p_g, p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_rows, p_w, p_qk, p_pos, p_arrive,
     s_v_b, s_v_t, s_v_h, s_v_v, s_o_b, s_o_t, s_o_h, s_o_v, s_g_b, s_g_t, s_g_h,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     s_w_b, s_w_h, s_w_t, s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, NUM_TILES: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):  # fmt: skip
     """The fold launch of the ``"alongside"`` form, launched after the weights launch and before the main
     launch, which does not wait for it: a fixed grid of programs looping over the (folding row, value
@@ -702,6 +709,8 @@ def _gdn_fold_finish_kernel(
     So the main launch's programs start only after the weights launch has finished, and run beside
     this launch, touching only the rows it does not. The main launch's last program waits for this
     launch before it ends, so whatever follows the op sees this launch's writes.
+
+    ``HAS_READ``: the fold is also stored in the read copy ``p_read``, and the tokens read that (SPEC §4).
     """
     wait_for_previous_launch(USE_PDL)
     allow_next_launch(USE_PDL)
@@ -750,7 +759,11 @@ def _gdn_fold_finish_kernel(
                 p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
             )
             # The stored tile, in fp32 (the barrier inside: its old d entries are read before they are overwritten).
-            b_S = fold_store_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk, p_tile, m_tile)
+            if HAS_READ:
+                p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
+                b_S = fold_store_tile_read(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk, p_tile, p_read_tile, m_tile)
+            else:
+                b_S = fold_store_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk, p_tile, m_tile)
             b_D, b_O = _tokens_from_folded_tile(
                 b_S, p_w_row, p_qk_row, p_v_row, o_v, m_v, o_k, m_k, o_t, m_t, b_N, b_Wq, s_w_t, s_qk_t, s_qk_i, s_v_t, s_v_v, L,
                 T, BLOCK_V, BLOCK_T,
@@ -882,7 +895,7 @@ def gdn_step_out(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
     flush_config: LaunchConfig | None = None, decode_launches: int | None = None, weights_config: LaunchConfig | None = None,
-    overlap: bool | None = None,
+    overlap: bool | None = None, read_checkpoint: Tensor | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
@@ -893,17 +906,22 @@ def gdn_step_out(
     default from ``gdn_weights_config``) and ``_gdn_main_kernel`` (``config``, default from
     ``gdn_main_config``). ``overlap`` (default ``replay_overlap()``): the weights and main launches
     with programmatic dependent launch where the GPU has it (``common.overlap_launches``).
+    ``read_checkpoint`` (SPEC §4): the main launch reads it instead of the checkpoint, and the fold
+    launches write both; decoding then always takes the three launches (the single kernel reads and
+    folds the same tiles, so it has no read copy).
     """
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     if decode_launches is None:
-        decode_launches = gdn_decode_launches(value_dim, key_dim)
+        decode_launches = 3 if read_checkpoint is not None else gdn_decode_launches(value_dim, key_dim)
     if decode_launches not in (1, 3):
         raise ValueError(f"gdn_step_out: decode_launches must be 1 or 3, got {decode_launches}")
+    if decode_launches == 1 and num_tokens == 1 and read_checkpoint is not None:
+        raise ValueError("gdn_step_out: the single decode kernel has no read copy; pass decode_launches=3 with read_checkpoint")
     if num_tokens > 1 or decode_launches == 3:
         _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config,
-            weights_config, replay_overlap() if overlap is None else overlap,
+            weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint,
         )  # fmt: skip
         return
     window = ring_k.shape[1]
@@ -936,7 +954,7 @@ def gdn_step_out(
 
 def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
-    rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config, overlap: bool,
+    rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config, overlap: bool, read_checkpoint: Tensor | None,
 ) -> None:  # fmt: skip
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -959,7 +977,7 @@ def _gdn_three_launches(
     # Every launch's configuration is checked before the first launch: a bad one must not leave a half-done step.
     fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens)
     wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
-    cfg = config or gdn_main_config(value_dim, key_dim, num_tokens)
+    cfg = config or gdn_main_config(value_dim, key_dim, num_tokens, read_checkpoint is not None)
     check_form("_gdn_flush_kernel", fcfg, ("", "worklist", "alongside"))
     check_form("_gdn_weights_kernel", wcfg, ("", "dot"))
     ring_dot = wcfg.form == "dot"
@@ -978,7 +996,8 @@ def _gdn_three_launches(
     use_pdl = overlap_launches(v.device, overlap)
     later = pdl_launch_options(use_pdl)  # the launches after the step's first, a plain one (its inputs come from before the op)
     fold_args = dict(
-        p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
+        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=read_checkpoint is not None,
+        p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
         **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads, T=num_tokens,
         USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles, SPLIT=fold_split,
         BLOCK_B=next_pow2(batch), num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
@@ -1011,7 +1030,9 @@ def _gdn_three_launches(
             )  # fmt: skip
         num_tiles, split = _tiles(value_dim, cfg)
         _gdn_main_kernel[(split, value_heads, batch)](
-            p_v=v, p_o=o, p_ckpt=checkpoint, p_ring_d=ring_d, p_cursor=cursor, p_pending=pending, p_rows=rows,
+            # The checkpoint this launch reads: the read copy where there is one (same strides).
+            p_v=v, p_o=o, p_ckpt=checkpoint if read_checkpoint is None else read_checkpoint, p_ring_d=ring_d,
+            p_cursor=cursor, p_pending=pending, p_rows=rows,
             p_w=weights, p_qk=qk, p_pos=pos,
             **dict(zip(("s_v_b", "s_v_t", "s_v_h", "s_v_v"), v.stride())),
             **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
@@ -1041,14 +1062,14 @@ def _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2no
 
 def gdn_step(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
-    rows, commit: bool, use_qk_l2norm: bool, scale: float | None,
+    rows, commit: bool, use_qk_l2norm: bool, scale: float | None, read_checkpoint: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """Replay step: Triton in fp32/fp16/bf16, the reference for fp64."""
     args = (q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale)
     if uses_float64(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g):
-        return reference.gdn_step(*args)
+        return reference.gdn_step(*args, read_checkpoint)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # contiguous, as the fake kernel says (v may be strided)
-    gdn_step_out(*args, o=o)
+    gdn_step_out(*args, o=o, read_checkpoint=read_checkpoint)
     return o
 
 

@@ -112,7 +112,7 @@ def fold_ring_store(b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, 
 @triton.jit
 def _mamba2_flush_kernel(
     p_x, p_dt, p_A, p_B, p_C, p_D, p_dt_bias, p_z, p_y,
-    p_ckpt, p_ring_x, p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows,
+    p_ckpt, p_read, p_ring_x, p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows,
     s_x_b, s_x_h, s_x_p,
     s_dt_b, s_dt_h,
     s_B_b, s_B_g, s_B_n,
@@ -125,7 +125,7 @@ def _mamba2_flush_kernel(
     s_rdt_s, s_rdt_l, s_rdt_h,
     s_rld_s, s_rld_l, s_rld_h,
     P, N, L, heads_per_group,
-    T: tl.constexpr, USE_PDL: tl.constexpr,
+    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
@@ -139,6 +139,9 @@ def _mamba2_flush_kernel(
 
     ``USE_PDL``: the step's first launch (a plain one); it lets the weights launch start at once (that
     launch waits before its append, the only thing it does that this one could see).
+
+    ``HAS_READ``: the fold is also stored, rounded from fp32, into the read copy ``p_read`` (the
+    checkpoint's strides), and the T = 1 outputs read that rounded tile (SPEC §4).
     """
     allow_next_launch(USE_PDL)
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -184,11 +187,18 @@ def _mamba2_flush_kernel(
                 p_ring_row_x + o_l[:, None] * s_rx_l + o_p[None, :] * s_rx_p, mask=m_hist[:, None] & m_p[None, :], other=0.0
             ).to(tl.float32)
             # S <- exp(G) S + sum_i exp(G_i) dt_i x_i B_i^T, in fp32.
-            b_S_stored = fold_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB).to(p_ckpt.dtype.element_ty)
-            tl.store(p_tile, b_S_stored, mask=m_tile)
+            b_S = fold_tile(b_S, b_decay_f, b_rx * b_wf[:, None], b_rB)
+            b_S_read = b_S.to(p_ckpt.dtype.element_ty)
+            tl.store(p_tile, b_S_read, mask=m_tile)
+            if HAS_READ:
+                b_S_read = b_S.to(p_read.dtype.element_ty)
+                tl.store(
+                    p_read + slot * s_ck_s + i_h64 * s_ck_h + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n,
+                    b_S_read, mask=m_tile,
+                )  # fmt: skip
             if T == 1:
                 b_x = tl.load(p_x + i_b64 * s_x_b + i_h64 * s_x_h + o_p * s_x_p, mask=m_p, other=0.0).to(tl.float32)
-                b_y = b_decay * tl.sum(b_S_stored.to(tl.float32) * b_C[None, :], axis=1) + b_wx * b_x
+                b_y = b_decay * tl.sum(b_S_read.to(tl.float32) * b_C[None, :], axis=1) + b_wx * b_x
                 if HAS_Z:
                     b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
                     b_y = b_y * b_z * sigmoid(b_z)
@@ -625,7 +635,7 @@ def mamba2_step_out(
     checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending,
     rows, commit: bool, dt_softplus: bool, y: Tensor, config: LaunchConfig | None = None,
     flush_config: LaunchConfig | None = None, fold_in_main: bool | None = None, weights_config: LaunchConfig | None = None,
-    overlap: bool | None = None,
+    overlap: bool | None = None, read_checkpoint: Tensor | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``y``; see ``replayssm.ops.mamba2_step``.
 
@@ -636,6 +646,8 @@ def mamba2_step_out(
     the main launch folds full rings tile by tile. ``config.form`` picks the main launch's form (see
     ``_mamba2_main_kernel``). ``overlap`` (default ``replay_overlap()``): the launches after the first
     with programmatic dependent launch where the GPU has it (``common.overlap_launches``).
+    ``read_checkpoint`` (SPEC §4): the main launch reads it instead of the checkpoint; the flush launch
+    writes both (so a step with a read copy always runs the flush launch: ``fold_in_main`` is off).
     """
     batch, num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[2], B.shape[3]
@@ -646,7 +658,9 @@ def mamba2_step_out(
     weights = torch.empty(batch, heads, num_tokens, window + 1 + num_tokens, dtype=torch.float32, device=x.device)
     pos = torch.empty(batch, dtype=torch.int32, device=x.device)
     if fold_in_main is None:
-        fold_in_main = mamba2_fold_in_main(head_dim, state_size, num_tokens)
+        fold_in_main = read_checkpoint is None and mamba2_fold_in_main(head_dim, state_size, num_tokens)
+    if fold_in_main and read_checkpoint is not None:
+        raise ValueError("mamba2_step_out: fold_in_main does not write a read copy; pass fold_in_main=False with read_checkpoint")
     if fold_in_main and num_tokens > 1:
         # (Verification's token-block forms once folded each N chunk as they loaded it: 45% slower than the
         # flush launch, docs/kernels.md run 21; removed in run 24.)
@@ -669,7 +683,8 @@ def mamba2_step_out(
     fcfg = flush_config or mamba2_flush_config(head_dim, state_size)
     # Every launch's configuration is checked before the first launch: a bad form must not leave a half-done step.
     if config is None:
-        config = mamba2_replay_config(head_dim, state_size) if num_tokens == 1 else mamba2_verify_config(head_dim, state_size)
+        read_copy = read_checkpoint is not None
+        config = mamba2_replay_config(head_dim, state_size, read_copy) if num_tokens == 1 else mamba2_verify_config(head_dim, state_size)
     main_form = _main_form(config, num_tokens, block_t, block_n)
     wcfg = weights_config or mamba2_weights_config(head_dim, state_size, num_tokens)
     check_form("_mamba2_flush_kernel", fcfg)
@@ -683,8 +698,8 @@ def mamba2_step_out(
         if not fold_in_main:
             _mamba2_flush_kernel[(split, heads, batch)](
                 p_x=x1, p_dt=dt1, p_A=A, p_B=B1, p_C=C1, p_D=D, p_dt_bias=dt_bias, p_z=z1, p_y=y1,
-                p_ckpt=checkpoint, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt, p_ring_ld=ring_logdecay,
-                p_cursor=cursor, p_rows=rows,
+                p_ckpt=checkpoint, p_read=read_checkpoint, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt,
+                p_ring_ld=ring_logdecay, p_cursor=cursor, p_rows=rows,
                 s_x_b=x1.stride(0), s_x_h=x1.stride(1), s_x_p=x1.stride(2),
                 s_dt_b=dt1.stride(0), s_dt_h=dt1.stride(1),
                 s_B_b=B1.stride(0), s_B_g=B1.stride(1), s_B_n=B1.stride(2),
@@ -695,7 +710,7 @@ def mamba2_step_out(
                 **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
                 **ring_strides,
                 P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, USE_PDL=use_pdl,
-                HAS_Z=z is not None, **flags,
+                HAS_READ=read_checkpoint is not None, HAS_Z=z is not None, **flags,
                 BLOCK_P=fcfg.block, BLOCK_N=block_n, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
                 num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
             )  # fmt: skip
@@ -715,7 +730,8 @@ def mamba2_step_out(
         )  # fmt: skip
         num_tiles, split = _tiles(head_dim, config)
         _mamba2_main_kernel[(split, heads, batch)](
-            p_x=x, p_C=C, p_z=z, p_y=y, p_ckpt=checkpoint, p_ring_x=ring_x,
+            # The checkpoint this launch reads: the read copy where there is one (same strides).
+            p_x=x, p_C=C, p_z=z, p_y=y, p_ckpt=checkpoint if read_checkpoint is None else read_checkpoint, p_ring_x=ring_x,
             p_cursor=cursor, p_pending=pending, p_rows=rows, p_w=weights, p_pos=pos, p_fold_w=fold_w, p_fold_B=fold_B,
             **dict(zip(("s_x_b", "s_x_t", "s_x_h", "s_x_p"), x.stride())),
             **dict(zip(("s_C_b", "s_C_t", "s_C_g", "s_C_n"), C.stride())),
@@ -736,14 +752,14 @@ def mamba2_step_out(
 def mamba2_step(
     x, dt, A, B, C, D, dt_bias, z,
     checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending,
-    rows, commit: bool, dt_softplus: bool,
+    rows, commit: bool, dt_softplus: bool, read_checkpoint: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """Replay step: Triton in fp32/fp16/bf16, the reference for fp64."""
     args = (x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus)
     if uses_float64(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay):
-        return reference.mamba2_step(*args)
+        return reference.mamba2_step(*args, read_checkpoint)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, as the fake kernel says (x may be strided)
-    mamba2_step_out(*args, y=y)
+    mamba2_step_out(*args, y=y, read_checkpoint=read_checkpoint)
     return y
 
 
