@@ -22,7 +22,7 @@ MAMBA2 = Mamba2Geometry(heads=4, head_dim=8, state_size=16, groups=2)
 GDN = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=16)
 
 
-def _twin(state, read_dtype):
+def _twin(state):
     """A state without a read copy whose checkpoint is the read copy's values (in fp32), rings and
     cursors copied: its outputs are what reading the copy must give, for rows that do not fold."""
     config = ReplayConfig(window=state.window)
@@ -50,7 +50,7 @@ def test_mamba2_outputs_read_the_copy_and_the_recurrence_stays_exact(read_dtype)
         rows = [2, 0, 1]
         folding = [int(state.cursor[r]) + T > window for r in rows]
         flushes += sum(folding)
-        twin = _twin(state, read_dtype)
+        twin = _twin(state)
         x, dt, B, C, z = mamba2_inputs(MAMBA2, 3, T, torch.Generator().manual_seed(step))
         p = pair.params
         y_twin = twin.step(x, dt, p.A, B, C, p.D, p.dt_bias, z, rows=rows, commit=False)
@@ -85,7 +85,7 @@ def test_gdn_reads_the_copy_for_both_products(read_dtype):
         rows = [1, 2, 0]
         folding = [int(state.cursor[r]) + T > window for r in rows]
         flushes += sum(folding)
-        twin = _twin(state, read_dtype)
+        twin = _twin(state)
         q, k, v, g, beta = gdn_inputs(GDN, 3, T, torch.Generator().manual_seed(step))
         o_twin = twin.step(q, k, v, g, beta, rows=rows, commit=False, use_qk_l2norm=True)
         pair.gen.manual_seed(step)
