@@ -79,10 +79,15 @@ def simulate(cursor0, accepted_seq, T: int, window: int):
 
 
 class SpecCase:
-    def __init__(self, geometry, batch: int, T: int, accept: str, seed: int = 0):
+    def __init__(
+        self, geometry, batch: int, T: int, accept: str, seed: int = 0, read_dtype: torch.dtype | None = None, device: str = "cuda"
+    ):
+        """``read_dtype``: the replay state keeps a read copy of its checkpoint in that dtype (SPEC §4); such a
+        case times the replay path only (no snapshot state)."""
         from decode_kernels import Case
 
-        self.base = Case(geometry, batch, WINDOW, "cuda", seed=seed, conventional=True)
+        self.read_dtype = read_dtype
+        self.base = Case(geometry, batch, WINDOW, device, seed=seed, conventional=read_dtype is None, read_dtype=read_dtype)
         self.T, self.batch, self.geometry = T, batch, geometry
         base_inputs = self.base.inputs
         # T-token inputs: the decode case's single tokens stacked, fresh per step
@@ -97,8 +102,10 @@ class SpecCase:
         else:
             acc = [torch.randint(0, T + 1, (batch,), generator=torch.Generator().manual_seed(seed + i)) for i in range(STEPS)]
         self.accepted_host = acc
-        self.accepted = [a.to("cuda") for a in acc]
-        self.snapshots = torch.empty((batch, T) + tuple(self.base.conventional_state.shape[1:]), device="cuda")
+        self.accepted = [a.to(device) for a in acc]
+        self.snapshots = None
+        if self.base.conventional_state is not None:
+            self.snapshots = torch.empty((batch, T) + tuple(self.base.conventional_state.shape[1:]), device=device)
 
     def check(self) -> dict:
         """The first verify step + commit against the reference (``Case.check_replay``; the state is restored)."""
@@ -117,12 +124,12 @@ class SpecCase:
                 x, dt, B, C, z = inp
                 tensors = (st.checkpoint, st.ring_x, st.ring_B, st.ring_dt, st.ring_logdecay, st.cursor, st.pending)
                 steps.append(lambda x=x, dt=dt, B=B, C=C, z=z, acc=acc: (
-                    replayssm.ops.mamba2_step(x, dt, b.A, B, C, b.D, b.dt_bias, z, *tensors, b.rows, False, True, None),
+                    replayssm.ops.mamba2_step(x, dt, b.A, B, C, b.D, b.dt_bias, z, *tensors, b.rows, False, True, st.read_checkpoint),
                     replayssm.ops.commit(st.cursor, st.pending, b.rows, acc)))
             else:
                 tensors = (st.checkpoint, st.ring_k, st.ring_d, st.ring_g, st.cursor, st.pending)
                 steps.append(lambda inp=inp, acc=acc: (
-                    replayssm.ops.gdn_step(*inp, *tensors, b.rows, False, True, None, None),
+                    replayssm.ops.gdn_step(*inp, *tensors, b.rows, False, True, None, st.read_checkpoint),
                     replayssm.ops.commit(st.cursor, st.pending, b.rows, acc)))
         return steps  # fmt: skip
 
@@ -253,9 +260,11 @@ def sweep_verify(geometries: dict, repeats: int, log) -> dict:
     return chosen
 
 
-def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False, compare_overlap=False):
+def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False, compare_overlap=False, read_dtype=None):
     """One verify + commit point. ``compare_overlap``: the same replay steps also with every launch a plain
-    one (``configs._OVERLAP_LAUNCHES`` off: no programmatic dependent launch), checked and timed alongside."""
+    one (``configs._OVERLAP_LAUNCHES`` off: no programmatic dependent launch), checked and timed alongside.
+    ``read_dtype``: also the replay steps with a read copy of the checkpoint in that dtype (SPEC §4), checked
+    against the reference and timed alongside (same inputs and accepted counts)."""
     from _common import kernel_times_per_step, time_graph_per_step
     from replayssm.ops.triton import configs
 
@@ -284,6 +293,25 @@ def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False, comp
     replay_bytes = (STEPS * batch * (per["state"] + T * per["entry"] + per["io"]) + reads * per["entry"] + flushes * per["state"]) / STEPS
     snapshot_bytes = batch * ((1 + T) * per["state"] + per["io"])
     accepted = float(torch.stack(case.accepted_host).float().mean())
+    read = None
+    if read_dtype is not None:
+        del case
+        torch.cuda.empty_cache()
+        case = SpecCase(geometry, batch, T, accept, read_dtype=read_dtype)
+        case.base.set_phase("staggered")
+        read_check = case.check()
+        if failure := check_failure(read_check):
+            raise RuntimeError(f"{name}: the verify step with a read copy {failure}")
+        read_us = time_graph_per_step(case.replay_steps(), repeats)
+        # Rows that do not flush read the copy; a flushing row's fold reads the fp32 checkpoint and writes both
+        # copies (as traffic.decode_traffic counts a decode step's flush).
+        copy = per["state"] // 4 * _size(read_dtype)
+        read_bytes = (STEPS * batch * (copy + T * per["entry"] + per["io"]) + reads * per["entry"] + flushes * 2 * per["state"]) / STEPS
+        read = {
+            "read_dtype": str(read_dtype).replace("torch.", ""), "replay_read_us": read_us, "speedup_read": snapshot_us / read_us,
+            "replay_read_floor_us": read_bytes / bw * 1e6, "replay_read_pct_floor": 100 * read_bytes / bw * 1e6 / read_us,
+            "read_check_rel_err": read_check,
+        }  # fmt: skip
     row = {
         "geometry": name, "batch": batch, "T": T, "accept": accept, "accepted_mean": accepted,
         "replay_us": replay_us, "snapshot_us": snapshot_us, "speedup": snapshot_us / replay_us,
@@ -293,6 +321,8 @@ def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False, comp
         "replay_memory_states": per["replay_memory"] / per["state"], "snapshot_memory_states": per["snapshot_memory"] / per["state"],
         "check_rel_err": check,
     }  # fmt: skip
+    if read is not None:
+        row.update(read)
     if no_overlap_us is not None:
         row["replay_no_overlap_us"], row["overlap_gain"] = no_overlap_us, no_overlap_us / replay_us - 1
     if kernels is not None:
@@ -319,6 +349,17 @@ COLUMNS = [
     ("replay_memory_states", "replay mem (states)", ".3f"),
     ("snapshot_memory_states", "snap mem (states)", ".1f"),
 ]
+# With --read-dtype: the replay path reading a low-precision copy of the checkpoint (SPEC §4).
+READ_COLUMNS = [
+    ("geometry", "geometry", ""),
+    ("accept", "accepted", ""),
+    ("read_dtype", "read copy", ""),
+    ("replay_read_us", "replay us/step", ".1f"),
+    ("snapshot_us", "snapshot us/step", ".1f"),
+    ("speedup_read", "snap/replay", ".2f"),
+    ("replay_read_pct_floor", "replay % floor", ".1f"),
+]
+READ_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def main() -> None:
@@ -332,6 +373,10 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="headline rows: kernel time per verify step by kernel (profiler)")
     ap.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS), help=f"draft lengths of the T sweep (default {TOKENS})")
     ap.add_argument("--batches", nargs="*", type=int, default=list(BATCHES), help=f"batches of the batch sweep (default {BATCHES})")
+    ap.add_argument(
+        "--read-dtype", choices=list(READ_DTYPES), default=None,
+        help="headline rows: also the replay path with a read copy of the fp32 checkpoint in this dtype (SPEC §4)",
+    )  # fmt: skip
     args = ap.parse_args()
     if bad := [T for T in args.tokens if not 2 <= T <= WINDOW]:
         ap.error(f"--tokens: draft lengths must be 2 to the window ({WINDOW}), got {bad}")
@@ -363,7 +408,10 @@ def main() -> None:
     chosen = sweep_verify(geometries, args.repeats, log) if args.sweep else None
     for name, geometry in geometries.items():
         for accept in args.accept:
-            row = measure(name, geometry, HEADLINE_BATCH, HEADLINE_T, accept, bw, args.repeats, breakdown=args.breakdown, compare_overlap=True)
+            row = measure(
+                name, geometry, HEADLINE_BATCH, HEADLINE_T, accept, bw, args.repeats, breakdown=args.breakdown, compare_overlap=True,
+                read_dtype=READ_DTYPES.get(args.read_dtype),
+            )  # fmt: skip
             headline.append(row)
             log(f"headline {json.dumps(row)}")
     if not args.headline_only:
@@ -404,6 +452,9 @@ def main() -> None:
         log("\nsweeps (2 of 4 / half accepted):\n" + format_table(sweep, COLUMNS))
     log(f"\n{meta['gpu']}, streaming bandwidth {bw / 1e12:.3f} TB/s; batch {HEADLINE_BATCH}, T = {HEADLINE_T}, window {WINDOW}\n")
     log(format_table(headline, COLUMNS))
+    if args.read_dtype:
+        log(f"\nthe same verify steps with a {args.read_dtype} read copy of the fp32 checkpoint (SPEC §4)\n")
+        log(format_table(headline, READ_COLUMNS))
     log_file.close()
 
 

@@ -64,3 +64,30 @@ def test_spec_sweep_points_are_checked(args, message):
         [sys.executable, str(ROOT / "benchmarks" / "spec_kernels.py"), *args], env=env, capture_output=True, text=True, timeout=300
     )  # fmt: skip
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_spec_read_copy_steps_carry_the_copy(family):
+    """``spec_kernels.py --read-dtype``'s verify + commit steps pass the state's read copy to the op: over
+    a sequence that flushes every row, the step matches the reference (outputs and every state tensor,
+    the copy included) and the copy ends as the bf16 rounding of the checkpoint. (On the CPU the op runs
+    its reference; the GPU run checks the kernels the same way before timing them.)"""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import spec_kernels
+        from decode_kernels import DRY_GEOMETRIES, check_failure
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import torch
+
+    geometry = next(g for n, g in DRY_GEOMETRIES.items() if n.startswith(family))
+    case = spec_kernels.SpecCase(geometry, 3, 4, "half", read_dtype=torch.bfloat16, device="cpu")
+    assert case.snapshots is None and case.base.state.read_checkpoint is not None
+    case.base.set_phase("staggered")
+    assert check_failure(case.check()) is None
+    before = case.base.state.read_checkpoint.clone()
+    for step in case.replay_steps():  # 16 steps of 2 accepted tokens: every row flushes at least once
+        step()
+    st = case.base.state
+    assert not torch.equal(st.read_checkpoint, before)
+    torch.testing.assert_close(st.read_checkpoint, st.checkpoint.to(torch.bfloat16), rtol=0, atol=0)
