@@ -51,6 +51,7 @@ class DecodeConfig:
     state_dtype: torch.dtype = torch.float32
     step: str = "replay"
     window: int | None = None  # None: the --window argument
+    read_dtype: torch.dtype | None = None  # a read copy of the checkpoint (SPEC §4) that every step's outputs read
 
     def describe(self, window: int) -> str:
         if not self.patched:
@@ -58,7 +59,10 @@ class DecodeConfig:
         dtype = str(self.state_dtype).replace("torch.", "")
         if self.step == "conventional":
             return f"conventional step, {dtype} state (rounded every token)"
-        return f"replay, {dtype} checkpoint, window {self.window or window} (rounded once per fold)"
+        described = f"replay, {dtype} checkpoint, window {self.window or window} (rounded once per fold)"
+        if self.read_dtype is not None:
+            described += f", outputs read a {str(self.read_dtype).replace('torch.', '')} copy of it"
+        return described
 
 
 #: The configurations known by name; the reference is always run first.
@@ -69,6 +73,8 @@ CONFIGS = {
         DecodeConfig("replay-fp32", True, torch.float32),
         DecodeConfig("replay-fp16", True, torch.float16),
         DecodeConfig("replay-bf16", True, torch.bfloat16),
+        DecodeConfig("replay-read-fp16", True, torch.float32, read_dtype=torch.float16),
+        DecodeConfig("replay-read-bf16", True, torch.float32, read_dtype=torch.bfloat16),
         DecodeConfig("conventional-fp32", True, torch.float32, "conventional"),
         DecodeConfig("conventional-fp16", True, torch.float16, "conventional"),
         DecodeConfig("conventional-bf16", True, torch.bfloat16, "conventional"),
@@ -113,7 +119,7 @@ def configured(model, config: DecodeConfig, window: int):
 
     replayssm.unpatch(model)
     if config.patched:
-        replay = replayssm.ReplayConfig(window=config.window or window, state_dtype=config.state_dtype)
+        replay = replayssm.ReplayConfig(window=config.window or window, state_dtype=config.state_dtype, read_dtype=config.read_dtype)
         replayssm.patch(model, replay, step=config.step)
     try:
         yield model

@@ -92,3 +92,20 @@ def test_quality_harness_is_deterministic(tmp_path):
     assert configs["reference"]["kl_max"] == 0.0 and configs["reference"]["top1_agreement"] == 1.0
     assert 0.0 < configs["replay-bf16"]["kl_max"] < 1e-3
     assert len(configs["replay-bf16"]["kl_by_position"]) == 12
+
+
+def test_read_copy_config_reads_a_bf16_copy(checkpoint):
+    """``quality.py``'s ``replay-read-bf16``: the fp32 checkpoint with a bf16 read copy. Its outputs carry
+    bf16 rounding (KL far above fp32 replay's, so the copy is used) yet stay close to the unpatched model."""
+    name, model, tokenizer = checkpoint
+    ids, _ = quality.heldout_batch(tokenizer, PROMPT, STEPS, 2)
+    prompt, forced = ids[:, :PROMPT], ids[:, PROMPT:]
+    runs = {}
+    for config in ("reference", "replay-fp32", "replay-read-bf16"):
+        with quality.configured(model, quality.CONFIGS[config], WINDOW):
+            runs[config], _ = quality.decode(model, prompt, STEPS, forced=forced)
+    kl_fp32, _ = quality.compare(runs["reference"], runs["replay-fp32"])
+    kl_read, agree = quality.compare(runs["reference"], runs["replay-read-bf16"])
+    assert kl_read.max().item() > 100 * max(kl_fp32.max().item(), 1e-14), f"{name}: the read copy left no trace"
+    assert kl_read.max().item() < 1e-3, f"{name}: max KL {kl_read.max().item():.3g} with a bf16 read copy"
+    assert agree.float().mean().item() >= 0.95, f"{name}: top-1 agreement {agree.float().mean().item():.3f}"
