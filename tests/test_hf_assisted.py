@@ -182,3 +182,26 @@ def test_stock_transformers_refuses_unpatched_assisted_decoding():
     model = testing.tiny_model("nemotron_h")
     with pytest.raises(ValueError, match="stateful"):
         model.generate(PROMPT, max_new_tokens=4, prompt_lookup_num_tokens=3)
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5"])
+def test_assisted_decoding_with_a_read_copy(model_type):
+    """With ``ReplayConfig(read_dtype=bf16)`` verification and rollback work as with fp32 reads: prompt lookup
+    drafts, some are rejected, the tokens are greedy's (these tiny models' top tokens lie further apart than a
+    bf16 copy's rounding moves them), and afterwards every layer's copy is its checkpoint rounded."""
+    target = testing.tiny_model(model_type)
+    expected = target.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    replayssm.patch(target, replayssm.ReplayConfig(window=4, read_dtype=torch.bfloat16))
+    out = target.generate(
+        PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+        return_dict_in_generate=True, prompt_lookup_num_tokens=3,
+    )  # fmt: skip
+    assert torch.equal(out.sequences, expected)
+    cache = testing.output_cache(out)
+    assert _rolled_back(cache) > 0, "no draft was rejected: the rollback path was not exercised"
+    layers = [layer for layer in cache.layers if isinstance(layer, ReplayLayerMixin) and getattr(layer, "replay", None) is not None]
+    assert layers
+    for layer in layers:
+        read = layer.replay.read_checkpoint
+        assert read is not None and read.dtype == torch.bfloat16
+        assert torch.equal(read, layer.replay.checkpoint.to(torch.bfloat16))
