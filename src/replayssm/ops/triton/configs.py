@@ -111,6 +111,8 @@ _GDN_DECODE_LAUNCHES: dict[tuple[int, int], int] = {
 # 251.8 / 253.8 / 140.2. GDN (16/32 / 16/64) 16-row tiles one per program (the fp32 table) 141.6 / 263.7,
 # looping over 2 / 4 tiles 153.4 / 283.7 and 150.1 / 278.0; 32-row tiles one per program 138.1 / 252.9, on 2
 # warps 160.0 / 297.6, looping over 2 tiles 153.0 / 282.8; 64 rows on 2 warps 176.3 / 328.3.
+# With a copy every decoding step runs the flush launch: folding in the main launch (writing both copies there)
+# lost by 12-15% at its best shape, 264.3 / 288.0 / 153.9 against 230.0 / 250.7 / 137.2 us (run 29, not merged).
 _MAMBA2_REPLAY_READ = {
     (80, 128): LaunchConfig(block=16, split=5, num_warps=1),
     (64, 128): LaunchConfig(block=16, split=4, num_warps=1),
