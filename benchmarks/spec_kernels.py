@@ -310,7 +310,7 @@ def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False, comp
         read = {
             "read_dtype": str(read_dtype).replace("torch.", ""), "replay_read_us": read_us, "speedup_read": snapshot_us / read_us,
             "replay_read_floor_us": read_bytes / bw * 1e6, "replay_read_pct_floor": 100 * read_bytes / bw * 1e6 / read_us,
-            "read_check_rel_err": read_check,
+            "replay_read_memory_states": (per["replay_memory"] + copy) / per["state"], "read_check_rel_err": read_check,
         }  # fmt: skip
     row = {
         "geometry": name, "batch": batch, "T": T, "accept": accept, "accepted_mean": accepted,
@@ -358,6 +358,7 @@ READ_COLUMNS = [
     ("snapshot_us", "snapshot us/step", ".1f"),
     ("speedup_read", "snap/replay", ".2f"),
     ("replay_read_pct_floor", "replay % floor", ".1f"),
+    ("replay_read_memory_states", "replay mem (states)", ".3f"),
 ]
 READ_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
