@@ -24,22 +24,23 @@ WINDOW = 4
 NEW_TOKENS = 24  # six window cycles: folds happen inside captured steps
 
 
-def _model(model_type: str, compile: bool):  # noqa: A002
+def _model(model_type: str, compile: bool, read_dtype=None):  # noqa: A002
     model = testing.tiny_model(model_type, dtype=torch.bfloat16).to("cuda")
-    return replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW), compile=compile)
+    return replayssm.patch(model, replayssm.ReplayConfig(window=WINDOW, read_dtype=read_dtype), compile=compile)
 
 
+@pytest.mark.parametrize("read_dtype", [None, torch.bfloat16], ids=["fp32-reads", "bf16-read-copy"])
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5"])
-def test_captured_greedy_equals_eager_patched_bf16(model_type):
+def test_captured_greedy_equals_eager_patched_bf16(model_type, read_dtype):
     from torch._dynamo.utils import counters
 
     ids, mask = testing.left_padded_prompts()
     prompts = [(ids.cuda(), mask.cuda()), (ids[:1, -5:].cuda(), None)]
-    eager = _model(model_type, compile=False)
+    eager = _model(model_type, compile=False, read_dtype=read_dtype)
     expected = [testing.generate_with_logits(eager, ids, mask, NEW_TOKENS, do_sample=False) for ids, mask in prompts]
     del eager
 
-    model = _model(model_type, compile=True)
+    model = _model(model_type, compile=True, read_dtype=read_dtype)
     torch._dynamo.reset()
     counters.clear()
     with warnings.catch_warnings():
