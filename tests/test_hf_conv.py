@@ -21,6 +21,10 @@ class _Window:
     def __init__(self, window, in_place):
         self.window = window
         self.in_place = in_place
+        self.counted = 0  # tokens counted for transformers (>= 5.25 tracks a length on linear layers)
+
+    def count_tokens(self, num_tokens):
+        self.counted += num_tokens
 
     def decode_conv_window(self):
         return self.window if self.in_place else None

@@ -162,6 +162,7 @@ class MixerAdapter:
         if num_tokens == 1 and self.conv_silu is not None:
             window = layer.decode_conv_window()
             if window is not None and window.dtype == columns.dtype:
+                layer.count_tokens(1)
                 return ops.causal_conv_step(columns[..., 0], weight[:, 0, :], bias, window, self.conv_silu).unsqueeze(1)
         full = layer.update_conv_state(columns, 0, conv_kernel_size=self.conv_kernel)
         if full.shape[-1] < num_tokens + self.conv_kernel - 1:  # a recorded history shorter than the kernel

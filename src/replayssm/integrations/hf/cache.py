@@ -53,6 +53,11 @@ except ImportError as exc:  # pragma: no cover - guarded by patch()
 #: forward) can still roll them back.
 PREFILL_ROLLBACK = 24
 
+CONVENTIONAL_CANNOT_RECORD = (
+    "replayssm: a model patched with step='conventional' cannot roll back (it is the benchmarks' baseline), so it "
+    "cannot run assisted decoding; patch it with step='replay'"
+)
+
 
 class ReplayLayerMixin(ABC):
     """Mixed into a cache's linear-attention layer class by :func:`adopt_cache`.
@@ -89,10 +94,16 @@ class ReplayLayerMixin(ABC):
 
     # -- what transformers calls -----------------------------------------------
 
-    def update_recurrent_state(self, recurrent_states: Tensor, state_idx: int = 0, **kwargs) -> Tensor:
-        """Load a state computed by the model's chunked path (a prefill) as the replay checkpoint."""
+    def update_recurrent_state(self, recurrent_states: Tensor | list[Tensor], state_idx: int = 0, **kwargs) -> Tensor:
+        """Load a state computed by the model's chunked path (a prefill) as the replay checkpoint.
+
+        transformers >= 5.25 may pass a list (the states after each of the last tokens, kept for its own
+        rollback); replay rolls back through the ring, so only the last one is loaded.
+        """
         if state_idx != 0:
             raise ValueError(f"replayssm: a replay layer holds one recurrent state, got state_idx={state_idx}")
+        if isinstance(recurrent_states, (list, tuple)):
+            recurrent_states = recurrent_states[-1]
         adapter = self.replay_adapter
         state = adapter.state_from_hf(recurrent_states)
         slots = state.shape[0]
@@ -108,10 +119,31 @@ class ReplayLayerMixin(ABC):
     def is_croppable(self) -> bool:
         return self.replay_adapter.context.step == "replay"
 
+    def activate_past_recording(self, **kwargs) -> None:
+        """Past recording (assisted decoding) keeps the tokens since the last crop rollable, in the ring.
+
+        transformers >= 5.25 also asks the model's chunked path for the states after each of the last
+        ``recurrent_states_to_keep`` tokens (its own rollback); replay needs none, so it is set to 0.
+        transformers >= 5.25 no longer refuses assisted decoding of SSM models itself, so the
+        conventional step, which cannot roll back, refuses it here.
+        """
+        if not self.is_croppable:
+            raise ValueError(CONVENTIONAL_CANNOT_RECORD)
+        self._replay_base.activate_past_recording(self, **kwargs)
+        self.recurrent_states_to_keep = 0
+
+    def count_tokens(self, num_tokens: int) -> None:
+        """Advance transformers' token count of the layer (>= 5.25) for columns added without ``update_conv_state``."""
+        count = getattr(self, "cumulative_length_linear", None)
+        if count is not None:
+            count.add_(num_tokens)
+
     def update_conv_state(self, conv_states: Tensor, state_idx: int = 0, **kwargs) -> Tensor:
         if not self.captured:
             return self._replay_base.update_conv_state(self, conv_states, state_idx, **kwargs)
         # Captured verification: the window keeps its static address; the new columns wait for crop.
+        if state_idx == 0:
+            self.count_tokens(conv_states.shape[-1])
         if self._verify_cols is not None and self._verify_cols.shape == conv_states.shape:
             self._verify_cols.copy_(conv_states)
         else:  # a verification longer than the captured length (run eagerly)
@@ -142,6 +174,7 @@ class ReplayLayerMixin(ABC):
             n = -tokens_to_remove
             if not 0 <= n <= self._pending:
                 raise RuntimeError(f"replayssm: captured verification cannot crop({tokens_to_remove}) after {self._pending} tokens")
+            self.count_tokens(-n)
             window = self.conv_states[0]
             window.copy_(torch.cat([window, self._verify_cols[..., : self._pending - n]], dim=-1)[..., -window.shape[-1] :])
             self._rollback(n)
@@ -415,6 +448,8 @@ def adopt_cache(cache, context) -> None:
             if layer.replay_adapter.geometry != adapter.geometry:
                 raise ValueError(f"replayssm: cache layer {idx} holds a replay state of another model")
         adapter.check_cache_layer(layer, idx)
+        if getattr(layer, "record_past", False) and adapter.conventional:
+            raise ValueError(CONVENTIONAL_CANNOT_RECORD)
         plan.append((idx, layer, adapter))
     # Everything checked: now change the layers.
     for idx, layer, adapter in plan:
@@ -424,6 +459,8 @@ def adopt_cache(cache, context) -> None:
         existing = layer.recurrent_states.get(0) if layer.has_previous_state.get(0) else None
         layer.__class__ = _swapped(ReplayLayerMixin, type(layer))
         layer._replay_init(adapter)
+        if layer.record_past:  # recording began before the prefill (transformers >= 5.25): no per-token states
+            layer.recurrent_states_to_keep = 0
         if existing is not None:
             layer.recurrent_states[0] = None
             layer.is_recurrent_states_initialized[0] = False

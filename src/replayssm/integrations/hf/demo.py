@@ -3,7 +3,8 @@
 Builds a small random Nemotron-H-style hybrid (Mamba-2 + attention + MLP
 layers) from a config, generates with and without the patch and checks the
 tokens are identical, runs assisted decoding (prompt lookup, and a patched
-hybrid assistant) that stock transformers refuses on this model, and prints
+hybrid assistant; stock transformers refuses it on this model before 5.25
+and keeps a state per draft token from 5.25), and prints
 what replay saves: recurrent-state bytes written per generated token (from
 the traffic model, ``replayssm.decode_traffic``) and wall-clock timings.
 Runs on the CPU by default, on the GPU when one is present.
@@ -20,7 +21,7 @@ from ...config import ReplayConfig
 from ...traffic import decode_traffic
 from .cache import ReplayLayerMixin
 from .patch import patch, unpatch
-from .testing import output_cache
+from .testing import output_cache, stock_refuses_assisted
 
 #: model sizes: "small" for the demo, "tiny" for its test
 SIZES = {
@@ -162,7 +163,12 @@ def run_demo(device=None, size: str = "small", new_tokens: int = 64, window: int
     say("")
     say(f"greedy, {new_tokens} new tokens: unpatched vs patched identical: {results['greedy_identical']}")
     say(f"  generated: {ref[0, prompt.shape[1]:prompt.shape[1] + 16].tolist()} ...")
-    say("assisted decoding (stock transformers refuses it on this model: 'not supported with stateful models'):")
+    stock = (
+        "stock transformers refuses it on this model: 'not supported with stateful models'"
+        if stock_refuses_assisted()
+        else "stock transformers >= 5.25 runs it with a state snapshot per draft token; replay moves a cursor"
+    )
+    say(f"assisted decoding ({stock}):")
     say(f"  prompt lookup (4 drafted):  identical to greedy: {results['prompt_lookup_identical']}; "
         f"{lookup_forwards} target forwards for {new_tokens} tokens, {lookup_back} drafted tokens rolled back")  # fmt: skip
     say(f"  patched hybrid assistant:   identical to greedy: {results['assistant_identical']}; "

@@ -2,9 +2,10 @@
 
 Patching is per instance: each recognised mixer gets an instance attribute
 ``forward`` (its adapter's routed forward) and ``_replayssm`` (the adapter);
-the model gets ``_replayssm`` (the patch context) and ``_is_stateful =
-False`` (an instance attribute shadowing the class flag that makes
-``generate`` refuse assisted decoding; the replay cache layer can roll back).
+the model gets ``_replayssm`` (the patch context) and, on transformers
+< 5.25, ``_is_stateful = False`` (an instance attribute shadowing the class
+flag that makes ``generate`` refuse assisted decoding; the replay cache layer
+can roll back).
 Configs set to transformers' ``"sdpa"`` attention switch to replayssm's
 (``attention.py``: grouped-query heads packed for decode-length queries
 instead of copying the KV cache per head), registered with transformers'
@@ -116,11 +117,8 @@ def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "
         raise ValueError(f"replayssm.patch: step must be one of {STEPS}, got {step!r}")
     compile_config = compiled.compile_config_for(compile)
     compiled.check_model(model, compile_config)
-    if getattr(model, "use_kernels", False) is True:
-        raise ValueError(
-            "replayssm.patch: this model was loaded with use_kernels=True: hub kernels replace the SSM mixers' "
-            "forward, which replay would bypass; load it without use_kernels"
-        )
+    # use_kernels=True alone is no reason to refuse: transformers >= 5.25 loads every model with it, and hub kernels
+    # that replace a mixer's forward are caught below (an unknown mixer class or a forward set on the instance).
     if isinstance(model.__dict__.get("_replayssm"), PatchContext):
         unpatch(model)
 
@@ -175,7 +173,9 @@ def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "
     for name, value in compiled.install(model, context).items():
         context.model_attributes[name] = (name in model.__dict__, model.__dict__.get(name))
         setattr(model, name, value)
-    if step == "replay":  # the conventional step cannot roll back: keep transformers' refusal
+    if step == "replay" and getattr(type(model), "_is_stateful", False):
+        # transformers < 5.25 refuses assisted decoding of SSM models; the replay layer can roll back. (The
+        # conventional step cannot: its refusal stays, and on >= 5.25 the cache layer refuses, see cache.py.)
         model._is_stateful = False
     return model
 

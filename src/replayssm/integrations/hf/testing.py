@@ -86,6 +86,14 @@ TINY_CONFIGS: dict[str, dict] = {
 MODEL_TYPES = tuple(TINY_CONFIGS)
 
 
+def stock_refuses_assisted() -> bool:
+    """transformers < 5.25 refuses assisted decoding of SSM models (their classes set ``_is_stateful``); from
+    5.25 it runs it, keeping a state per draft token for rollback."""
+    from transformers import PreTrainedModel
+
+    return hasattr(PreTrainedModel, "_is_stateful")
+
+
 def tiny_config(model_type: str, **overrides):
     """A tiny config of ``model_type`` (text decoder config for multimodal types)."""
     from transformers import AutoConfig
