@@ -188,11 +188,12 @@ class Case:
             )  # fmt: skip
             return y
         if via_op:
-            return replayssm.ops.gdn_step(*inp, *tensors, self.rows, commit, True, None, read)
+            return replayssm.ops.gdn_step(*inp, *tensors, self.rows, commit, True, None, read, self.state.ring_beta)
         o = torch.empty_like(inp[2])
         gdn_kernels.gdn_step_out(
             *inp, *tensors, self.rows, commit, True, None, o=o, config=variant.config, decode_launches=variant.launches,
             flush_config=variant.flush, weights_config=variant.weights, overlap=variant.overlap, read_checkpoint=read,
+            ring_beta=self.state.ring_beta,
         )  # fmt: skip
         return o
 
@@ -203,7 +204,7 @@ class Case:
         if self.mamba2:
             x, dt, B, C, z = inp
             return reference.mamba2_step(x, dt, self.A, B, C, self.D, self.dt_bias, z, *args, self.rows, commit, True, read)
-        return reference.gdn_step(*inp, *args, self.rows, commit, True, None, read)
+        return reference.gdn_step(*inp, *args, self.rows, commit, True, None, read, state.get("ring_beta"))
 
     def check_replay(self, config=None, inp=None, commit: bool = True, after=None, after_reference=None) -> dict:
         """Relative errors (RMS) of one replay step against the reference: ``output``, and ``state`` (the

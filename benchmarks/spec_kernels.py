@@ -129,7 +129,7 @@ class SpecCase:
             else:
                 tensors = (st.checkpoint, st.ring_k, st.ring_d, st.ring_g, st.cursor, st.pending)
                 steps.append(lambda inp=inp, acc=acc: (
-                    replayssm.ops.gdn_step(*inp, *tensors, b.rows, False, True, None, st.read_checkpoint),
+                    replayssm.ops.gdn_step(*inp, *tensors, b.rows, False, True, None, st.read_checkpoint, st.ring_beta),
                     replayssm.ops.commit(st.cursor, st.pending, b.rows, acc)))
         return steps  # fmt: skip
 

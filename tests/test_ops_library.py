@@ -40,7 +40,7 @@ def _gdn_step_args(T, commit, prefix=2, read_dtype=None):
     state, gen = _warm_gdn(prefix, read_dtype=read_dtype)
     s = state
     rows = torch.tensor([1, 2, 0])
-    return gdn_inputs(G_GEOM, 3, T, gen) + (s.checkpoint, s.ring_k, s.ring_d, s.ring_g, s.cursor, s.pending, rows, commit, True, None, s.read_checkpoint)
+    return gdn_inputs(G_GEOM, 3, T, gen) + (s.checkpoint, s.ring_k, s.ring_d, s.ring_g, s.cursor, s.pending, rows, commit, True, None, s.read_checkpoint, s.ring_beta)
 
 
 STEP_CASES = [(1, True, 2), (1, True, 4), (3, False, 2)]
@@ -67,6 +67,9 @@ def test_opcheck_materialize_and_commit():
     torch.library.opcheck(ops.mamba2_materialize, (s.checkpoint, s.ring_x, s.ring_B, s.ring_dt, s.ring_logdecay, s.cursor, rows))
     g, _ = _warm_gdn()
     torch.library.opcheck(ops.gdn_materialize, (g.checkpoint, g.ring_k, g.ring_d, g.ring_g, g.cursor, rows))
+    c, _ = _warm_gdn(read_dtype=torch.bfloat16)  # with a copy: its exact fold
+    ring = (c.ring_k, c.ring_d, c.ring_g, c.cursor, rows, c.read_checkpoint, c.ring_beta)
+    torch.library.opcheck(ops.gdn_materialize, (c.checkpoint, *ring))
     args = _gdn_step_args(3, False)
     ops.gdn_step(*args)
     cursor, pending = args[9], args[10]
@@ -92,7 +95,7 @@ def test_compile_fullgraph_matches_eager():
         y = ops.mamba2_step(x, dt, p.A, B, C, p.D, p.dt_bias, z, m_state.checkpoint, m_state.ring_x, m_state.ring_B,
                             m_state.ring_dt, m_state.ring_logdecay, m_state.cursor, m_state.pending, rows, True, True, None)  # fmt: skip
         o = ops.gdn_step(*g_in, g_state.checkpoint, g_state.ring_k, g_state.ring_d, g_state.ring_g, g_state.cursor,
-                         g_state.pending, rows, True, True, None, None)  # fmt: skip
+                         g_state.pending, rows, True, True, None, None, None)  # fmt: skip
         return y * 2, o + 1
 
     rows = torch.tensor([0, 1, 2])

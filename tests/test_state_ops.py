@@ -105,6 +105,22 @@ def test_traffic_model():
         decode_traffic(geometry, 0)
 
 
+def test_traffic_model_with_a_read_copy():
+    """The L - 1 steps that do not flush read a bf16 copy; the flush reads the checkpoint and writes both.
+    GDN's exact fold also reads the copy at the flush, and its ring entries carry beta."""
+    L, state = 16, 256 * 128 * 64 * 128 * 4
+    m_geometry = Mamba2Geometry(heads=128, head_dim=64, state_size=128, groups=8)
+    m, m_copy = decode_traffic(m_geometry, 256, L), decode_traffic(m_geometry, 256, L, read_dtype=torch.bfloat16)
+    ring = m.replay_state - state - state / L  # ring reads and the appended entry, the same with a copy
+    assert m_copy.replay_state == pytest.approx(state / 2 * (L - 1) / L + (2 * state + state / 2) / L + ring)
+    g_geometry = GDNGeometry(16, 32, 128, 128)
+    g, g_copy = decode_traffic(g_geometry, 256, L), decode_traffic(g_geometry, 256, L, read_dtype=torch.bfloat16)
+    g_state, beta_entry = g.checkpoint_bytes, 256 * 32 * 4
+    g_ring = g.replay_state - g_state - g_state / L + (L + 1) / 2 * beta_entry + beta_entry
+    assert g_copy.ring_entry_bytes == g.ring_entry_bytes + beta_entry
+    assert g_copy.replay_state == pytest.approx(g_state / 2 * (L - 1) / L + (2 * g_state + g_state) / L + g_ring)
+
+
 def test_import_is_lean():
     """import replayssm initialises no CUDA and imports no integration."""
     code = (

@@ -1,20 +1,21 @@
-"""Experiment: how much of GDN's read-copy drift an exact fold would remove (CPU, PyTorch reference).
+"""Experiment: what GDN's exact fold with a read copy buys (CPU, PyTorch reference).
 
 Why: with a read copy (SPEC §4) GDN's corrected updates ``d = beta (v - alpha S k)`` read ``S k`` from the
-16-bit copy, and those d are the ring entries the next fold adds to the fp32 checkpoint. So the copy's
-rounding reaches GDN's recurrence, which SPEC §4 says it must not (docs/ops.md, "Read copy"). An exact
-fold would keep beta per ring entry and, at the fold, correct each d by
+16-bit copy, and those d are the ring entries the next fold adds to the fp32 checkpoint. Folded as they
+are, the copy's rounding reaches GDN's recurrence, which SPEC §4 says it must not. The library therefore
+keeps beta per ring entry (``ring_beta``) and corrects each d at the fold,
 
     D_0 = checkpoint - copy;   e_j = -beta_j alpha_j D_{j-1} k_j;   D_j = alpha_j D_{j-1} + e_j k_j^T
 
 (D_j is the gap between the true state and the state the steps read; ``d_j + e_j`` is the true update).
-This script measures the payoff before anyone builds it. It drives three reference states through the
-same decode steps (``replayssm.ops.reference.gdn_step``, float32), each against a float64 recurrence:
+This script measured the payoff before it was built (2026-12-03, the JSON beside it) and now measures the
+library's fold. It drives three reference states through the same decode steps
+(``replayssm.ops.reference.gdn_step``, float32), each against a float64 recurrence:
 
 * ``fp32-reads``: no copy;
-* ``bf16-copy``: a bf16 copy, as the library does today;
-* ``bf16-copy-exact-fold``: the same, with each row's ring d corrected as above just before the step
-  that folds it (beta kept beside the ring by this script). The outputs still read the copy.
+* ``bf16-copy-uncorrected``: a bf16 copy with every ring beta zeroed before each step, so the fold takes
+  the ring's d as they are (what the library did before the exact fold);
+* ``bf16-copy``: a bf16 copy, as the library does it (exact fold).
 
 It reports the checkpoint's relative distance from float64 after each fold, as the worst of the first
 and of the last eighth of the steps. It does this for a fast-forgetting and a long-memory decay regime.
@@ -41,28 +42,13 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def correct_ring(state: GDNReplayState, betas: torch.Tensor, row: int) -> None:
-    """Add to row's committed ring d the correction that makes them the updates of the fp32 checkpoint."""
-    n = int(state.cursor[row])
-    share = GEOMETRY.value_heads // GEOMETRY.key_heads
-    gap = state.checkpoint[row].double() - state.read_checkpoint[row].double()  # (HV, V, K)
-    for j in range(n):
-        k = state.ring_k[row, j].double().repeat_interleave(share, dim=0)  # (HV, K)
-        alpha = torch.exp(state.ring_g[row, j].double())  # (HV,)
-        gap = alpha[:, None, None] * gap
-        e = -betas[row, j].double()[:, None] * torch.einsum("hvk,hk->hv", gap, k)
-        state.ring_d[row, j] += e.to(state.ring_d.dtype)
-        gap = gap + e[:, :, None] * k[:, None, :]
-
-
 def run(decay_span: float, decay_floor: float, steps: int, seed: int) -> dict:
     gen = torch.Generator().manual_seed(seed)
-    variants = {"fp32-reads": None, "bf16-copy": torch.bfloat16, "bf16-copy-exact-fold": torch.bfloat16}
+    variants = {"fp32-reads": None, "bf16-copy-uncorrected": torch.bfloat16, "bf16-copy": torch.bfloat16}
     states = {n: GDNReplayState(GEOMETRY, BATCH, ReplayConfig(window=WINDOW, read_dtype=r), device="cpu") for n, r in variants.items()}
     stagger = torch.arange(BATCH, dtype=torch.int32) % WINDOW
     for st in states.values():
         st.cursor.copy_(stagger)
-    betas = torch.zeros(BATCH, WINDOW, GEOMETRY.value_heads)  # beta of each ring entry (the exact fold's input)
     exact = torch.zeros(BATCH, GEOMETRY.value_heads, GEOMETRY.value_dim, GEOMETRY.key_dim, dtype=torch.float64)
     rows = torch.arange(BATCH)
     errors = {n: [] for n in variants}
@@ -76,17 +62,12 @@ def run(decay_span: float, decay_floor: float, steps: int, seed: int) -> dict:
         beta = torch.rand(BATCH, 1, g.value_heads, generator=gen) * 0.98 + 0.01
         before = exact.clone()
         flushing = states["fp32-reads"].cursor + 1 > WINDOW  # the same schedule in every variant
-        exact_st = states["bf16-copy-exact-fold"]
-        for r in flushing.nonzero()[:, 0].tolist():
-            correct_ring(exact_st, betas, r)
-        cursor = exact_st.cursor.clone()
+        states["bf16-copy-uncorrected"].ring_beta.zero_()  # beta 0: the fold takes every d as exact
         for st in states.values():
             reference.gdn_step(
                 q, k, v, logd, beta, st.checkpoint, st.ring_k, st.ring_d, st.ring_g, st.cursor, st.pending, rows,
-                True, True, None, st.read_checkpoint,
+                True, True, None, st.read_checkpoint, st.ring_beta,
             )  # fmt: skip
-        position = torch.where(flushing, 0, cursor.long())
-        betas[rows, position] = beta[:, 0]
         # The float64 recurrence (the reference's formula: l2-normalised k, alpha = exp(g)).
         kh = _l2norm(k[:, 0].double()).repeat_interleave(share, dim=1)
         prev = torch.exp(logd[:, 0].double())[..., None, None] * exact

@@ -101,9 +101,10 @@ def _tokens(case: Case, T: int) -> tuple:
     return tuple(torch.cat([p[j] for p in parts], dim=1) for j in range(len(parts[0])))
 
 
-def cases(name: str, geometry, tokens: list[int], batch: int):
-    """(label, thunk) per step to compile: replay steps by T and variant, and the conventional kernel."""
-    case = Case(geometry, batch, 16, "cpu")
+def cases(name: str, geometry, tokens: list[int], batch: int, read_dtype: torch.dtype | None = None):
+    """(label, thunk) per step to compile: replay steps by T and variant, and the conventional kernel;
+    with ``read_dtype``, the replay steps read a copy of the checkpoint in it (SPEC §4)."""
+    case = Case(geometry, batch, 16, "cpu", read_dtype=read_dtype)
     variants = [("tables", StepVariant(None))]
     if not case.mamba2:
         variants.append(("alongside fold", StepVariant(None, 3, flush=ALONGSIDE)))
@@ -124,6 +125,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--ptx-dir", type=Path, default=None, help="write each launch's PTX (debug lines left out) here")
+    ap.add_argument("--read-dtype", choices=["bf16", "fp16"], default=None, help="replay steps with a read copy in this dtype")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("kernel_resources.py compiles the kernels: run it without TRITON_INTERPRET=1")
@@ -133,7 +135,8 @@ def main() -> None:
     jit.JITFunction.run = _compile_instead_of_launch
     rows = []
     for name in args.geometries:
-        for label, step in cases(name, GEOMETRIES[name], args.tokens, args.batch):
+        read_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.read_dtype]
+        for label, step in cases(name, GEOMETRIES[name], args.tokens, args.batch, read_dtype):
             launches.clear()
             step()
             for launch in launches:

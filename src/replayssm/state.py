@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from . import ops
+from .ops import reference
 from .config import ReplayConfig
 
 
@@ -377,10 +378,14 @@ class GDNReplayState(ReplayState):
     out; Hugging Face keeps the transpose); ring_k ``(slots, L, key_heads,
     key_dim)`` (normalised keys, fp32 unless ``config.ring_dtype``); ring_d
     ``(slots, L, value_heads, value_dim)`` and ring_g ``(slots, L,
-    value_heads)`` fp32; cursor and pending ``(slots,)`` int32.
+    value_heads)`` fp32; cursor and pending ``(slots,)`` int32. With a read
+    copy also ring_beta ``(slots, L, value_heads)`` fp32: each entry's beta,
+    which the exact fold needs to correct its d (zero once a partial fold
+    has made that d exact; ``ops.gdn_step``).
     """
 
     _ring_names = ("ring_k", "ring_d", "ring_g")
+    ring_beta: Tensor | None = None
 
     def __init__(
         self,
@@ -399,6 +404,9 @@ class GDNReplayState(ReplayState):
         self.ring_k = torch.zeros(slots, L, g.key_heads, g.key_dim, dtype=ring_dtype, device=dev)
         self.ring_d = torch.zeros(slots, L, g.value_heads, g.value_dim, dtype=torch.float32, device=dev)
         self.ring_g = torch.zeros(slots, L, g.value_heads, dtype=torch.float32, device=dev)
+        if self.read_checkpoint is not None:
+            self.ring_beta = torch.zeros(slots, L, g.value_heads, dtype=torch.float32, device=dev)
+            self._ring_names = self._ring_names + ("ring_beta",)
 
     def _empty_like(self, slots: int, config: ReplayConfig) -> "GDNReplayState":
         return GDNReplayState(self.geometry, slots, config, self.device)
@@ -421,10 +429,27 @@ class GDNReplayState(ReplayState):
         return ops.gdn_step(
             q, k, v, g, beta,
             self.checkpoint, self.ring_k, self.ring_d, self.ring_g, self.cursor, self.pending,
-            rows, commit, use_qk_l2norm, scale, self.read_checkpoint,
+            rows, commit, use_qk_l2norm, scale, self.read_checkpoint, self.ring_beta,
         )  # fmt: skip
 
     def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:
         """Exact committed state ``(n, value_heads, value_dim, key_dim)`` in fp32; writes nothing."""
         rows = self._rows(rows)
-        return ops.gdn_materialize(self.checkpoint, self.ring_k, self.ring_d, self.ring_g, self.cursor, rows)
+        return ops.gdn_materialize(
+            self.checkpoint, self.ring_k, self.ring_d, self.ring_g, self.cursor, rows, self.read_checkpoint, self.ring_beta
+        )
+
+    def fold(self, count: int | Tensor | list[int], rows: Tensor | list[int] | None = None) -> None:
+        if self.read_checkpoint is not None:
+            # The entries the fold keeps were formed against the copy it replaces: make every entry exact
+            # first (reference.gdn_settle_ring); the fold of exact entries is then the plain one.
+            rows_t = self._rows(rows)
+            self._check_distinct(rows_t)
+            self._counts(count, rows_t, "count")  # a bad count is refused before anything is written
+            used = self.cursor[rows_t].long() + self.pending[rows_t].long()
+            reference.gdn_settle_ring(
+                self.checkpoint, self.read_checkpoint, self.ring_k, self.ring_d, self.ring_g, self.ring_beta, rows_t, used
+            )
+        super().fold(count, rows)
+
+    fold.__doc__ = ReplayState.fold.__doc__

@@ -11,7 +11,9 @@ docs (SPEC §6). Per decode step (one token per row, ``batch`` rows):
   of the L steps, so (L + 1) / 2 entries on average) and write one entry.
   With a read copy (``read_dtype``, SPEC §4) the L - 1 steps that do not
   flush read the copy instead; the flush step reads the checkpoint for its
-  fold and writes both.
+  fold and writes both. GDN's exact fold with a copy also reads the copy at
+  the flush (the gap between the two corrects the ring's d), and its ring
+  entries carry beta.
 
 Both also read the step's inputs and write its outputs once; those bytes
 are listed separately so a floor can include or exclude them.
@@ -93,12 +95,16 @@ def decode_traffic(
     else:
         raise TypeError(f"decode_traffic: geometry must be a Mamba2Geometry or GDNGeometry, got {type(geometry).__name__}")
     conventional = 2 * state
+    exact_copy_fold = read_dtype is not None and isinstance(geometry, GDNGeometry)
+    if exact_copy_fold:
+        entry += g.value_heads * f32  # ring_beta
     ring_reads = (window + 1) / 2 * entry
     if read_dtype is None:
         replay = state + state / window + ring_reads + entry
     else:
         read = state // s_state * _size(read_dtype)
-        replay = read * (window - 1) / window + (2 * state + read) / window + ring_reads + entry
+        flush = 2 * state + (2 if exact_copy_fold else 1) * read
+        replay = read * (window - 1) / window + flush / window + ring_reads + entry
     return Traffic(
         conventional_state=batch * conventional,
         replay_state=batch * replay,

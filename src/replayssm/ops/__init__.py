@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 _MAMBA2_STATE = ("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay", "cursor", "pending", "read_checkpoint")
-_GDN_STATE = ("checkpoint", "ring_k", "ring_d", "ring_g", "cursor", "pending", "read_checkpoint")
+_GDN_STATE = ("checkpoint", "ring_k", "ring_d", "ring_g", "cursor", "pending", "read_checkpoint", "ring_beta")
 
 
 # ---------------------------------------------------------------------------
@@ -215,6 +215,7 @@ def gdn_step(
     use_qk_l2norm: bool,
     scale: float | None,
     read_checkpoint: Tensor | None,
+    ring_beta: Tensor | None,
 ) -> Tensor:
     """Replay decode / verification step of a Gated DeltaNet layer for T tokens per row.
 
@@ -238,16 +239,25 @@ def gdn_step(
 
     ``read_checkpoint``: as for ``mamba2_step``. Both reads of the state
     (``S q`` for the output and ``S k`` for the corrected update) come from
-    the copy; the fold stays exact given the ring's d.
+    the copy, so each d is the update of the state the steps read. With a
+    copy, ``ring_beta`` ``(slots, window, value_heads)`` fp32, laid out like
+    ring_g (mutated; None without a copy) keeps each entry's beta, and the
+    fold corrects every d by the gap between checkpoint and copy (SPEC §4:
+    the copy never feeds the recurrence; docs/ops.md, "Read copy").
     """
-    _checks.check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint)
-    return reference.gdn_step(
-        q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint
+    _checks.check_gdn_step(
+        q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint, ring_beta
     )
+    return reference.gdn_step(
+        q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint,
+        ring_beta,
+    )  # fmt: skip
 
 
 @gdn_step.register_fake
-def _(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint):
+def _(
+    q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint, ring_beta
+):  # fmt: skip
     return v.new_empty(v.shape)
 
 
@@ -259,14 +269,20 @@ def gdn_materialize(
     ring_g: Tensor,
     cursor: Tensor,
     rows: Tensor,
+    read_checkpoint: Tensor | None = None,
+    ring_beta: Tensor | None = None,
 ) -> Tensor:
-    """Exact committed state of ``rows``: ``(n, value_heads, value_dim, key_dim)``, fp32 (fp64 for an fp64 checkpoint)."""
-    _checks.check_materialize("gdn_materialize", checkpoint, {"ring_k": ring_k, "ring_d": ring_d, "ring_g": ring_g}, cursor, rows)
-    return reference.gdn_materialize(checkpoint, ring_k, ring_d, ring_g, cursor, rows)
+    """Exact committed state of ``rows``: ``(n, value_heads, value_dim, key_dim)``, fp32 (fp64 for an fp64 checkpoint).
+
+    With a read copy, pass it and ``ring_beta``: the ring's d are corrected as the fold corrects them.
+    """
+    rings = {"ring_k": ring_k, "ring_d": ring_d, "ring_g": ring_g}
+    _checks.check_materialize("gdn_materialize", checkpoint, rings, cursor, rows, read_checkpoint, ring_beta)
+    return reference.gdn_materialize(checkpoint, ring_k, ring_d, ring_g, cursor, rows, read_checkpoint, ring_beta)
 
 
 @gdn_materialize.register_fake
-def _(checkpoint, ring_k, ring_d, ring_g, cursor, rows):
+def _(checkpoint, ring_k, ring_d, ring_g, cursor, rows, read_checkpoint=None, ring_beta=None):
     dtype = torch.float64 if checkpoint.dtype == torch.float64 else torch.float32
     return checkpoint.new_empty((rows.shape[0],) + tuple(checkpoint.shape[1:]), dtype=dtype)
 

@@ -171,7 +171,24 @@ def check_mamba2_step(
     _check_cursor_rows(ck, "x", cursor, pending, rows, slots, batch, window, num_tokens)
 
 
-def check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint=None) -> None:
+def _check_ring_beta(ck: ArgChecker, ring_beta, read_checkpoint, ring_g: Tensor) -> None:
+    """GDN's ring of betas: present exactly when there is a read copy (its exact fold needs them), laid
+    out like ring_g (the kernels address both with one set of strides)."""
+    if read_checkpoint is None:
+        ck.condition(ring_beta is None, ValueError, "ring_beta", "is only used with a read_checkpoint; pass None without one")
+        return
+    ck.tensor("ring_beta", ring_beta, tuple(ring_g.shape), "(slots, window, value_heads)", (torch.float32, torch.float64))
+    ck.condition(
+        ring_beta.stride() == ring_g.stride(),
+        ValueError,
+        "ring_beta",
+        f"must have ring_g's strides {ring_g.stride()}, got {ring_beta.stride()}",
+    )
+
+
+def check_gdn_step(
+    q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint=None, ring_beta=None
+) -> None:  # fmt: skip
     ck = ArgChecker("gdn_step", checkpoint.device if isinstance(checkpoint, Tensor) else torch.device("cpu"))
     ck.tensor("checkpoint", checkpoint, (None, None, None, None), "(slots, value_heads, value_dim, key_dim)", STATE_DTYPES)
     slots, value_heads, value_dim, key_dim = checkpoint.shape
@@ -194,6 +211,7 @@ def check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor,
     ck.tensor("beta", beta, (batch, num_tokens, value_heads), "(batch, T, value_heads)", FLOAT_DTYPES)
     ck.condition(scale is None or scale > 0, ValueError, "scale", f"must be None or positive, got {scale}")
     _check_read_checkpoint(ck, read_checkpoint, checkpoint, "(slots, value_heads, value_dim, key_dim)")
+    _check_ring_beta(ck, ring_beta, read_checkpoint, ring_g)
     _check_cursor_rows(ck, "v", cursor, pending, rows, slots, batch, window, num_tokens)
 
 
@@ -236,7 +254,8 @@ def check_commit(cursor, pending, rows, accepted) -> None:
         )
 
 
-def check_materialize(op: str, checkpoint, rings: dict, cursor, rows) -> None:
+def check_materialize(op: str, checkpoint, rings: dict, cursor, rows, read_checkpoint=None, ring_beta=None) -> None:
+    """``ring_beta`` (GDN): checked against ``rings["ring_g"]``, with the read copy."""
     ck = ArgChecker(op, checkpoint.device if isinstance(checkpoint, Tensor) else torch.device("cpu"))
     ck.tensor("checkpoint", checkpoint, (None, None, None, None), "(slots, heads, dim, key_dim)", STATE_DTYPES)
     slots = checkpoint.shape[0]
@@ -244,6 +263,9 @@ def check_materialize(op: str, checkpoint, rings: dict, cursor, rows) -> None:
     for name, t in rings.items():
         ck.tensor(name, t, (slots, window) + (None,) * (t.dim() - 2 if isinstance(t, Tensor) else 0), "(slots, window, ...)", FLOAT_DTYPES)
         window = t.shape[1]
+    if "ring_g" in rings:
+        _check_read_checkpoint(ck, read_checkpoint, checkpoint, "(slots, value_heads, value_dim, key_dim)")
+        _check_ring_beta(ck, ring_beta, read_checkpoint, rings["ring_g"])
     ck.tensor("cursor", cursor, (slots,), "(slots,)", (torch.int32,))
     ck.tensor("rows", rows, (None,), "(n,)", INDEX_DTYPES)
     check_rows_and_cursors(ck, rows, cursor, torch.zeros_like(cursor), slots, window, None)

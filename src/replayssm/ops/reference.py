@@ -289,6 +289,54 @@ def _gdn_fold(state: Tensor, ring_k: Tensor, ring_d: Tensor, ring_g: Tensor, val
     return decay.exp()[:, :, None, None] * state + update
 
 
+def _gdn_read_copy_chain(
+    state: Tensor, copy: Tensor, ring_k: Tensor, ring_d: Tensor, ring_g: Tensor, ring_beta: Tensor, valid: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The exact fold with a read copy: the state after the valid entries, and each entry's correction.
+
+    An entry's d was formed from ``S k`` read off the copy, so it is the update of the state the steps
+    read, not of the fp32 one. With ``D_0 = S - copy`` (the gap between the two) the true update of entry
+    j is ``d_j + e_j``, ``e_j = -beta_j alpha_j D_{j-1} k_j``, and the gap moves on as
+    ``D_j = alpha_j D_{j-1} + e_j k_j^T``. An entry whose d is already exact has beta 0 (no correction).
+    Returns the folded state ``(batch, HV, V, K)`` and the corrections ``(batch, E, HV, V)``, zero for
+    invalid entries.
+    """
+    value_heads, key_heads = state.shape[1], ring_k.shape[2]
+    k_heads = ring_k.repeat_interleave(value_heads // key_heads, dim=2)  # (batch, E, HV, K)
+    gap, folded = state - copy, state
+    corrections = torch.zeros_like(ring_d)
+    for j in range(ring_k.shape[1]):
+        live = valid[:, j, None]  # (batch, 1)
+        alpha = torch.where(live, ring_g[:, j].exp(), 1.0)  # (batch, HV)
+        k = k_heads[:, j]
+        e = torch.where(live[..., None], -(ring_beta[:, j] * alpha)[..., None] * torch.einsum("bhvk,bhk->bhv", gap, k), 0.0)
+        d = torch.where(live[..., None], ring_d[:, j], 0.0)
+        gap = alpha[..., None, None] * gap + e[..., None] * k[:, :, None, :]
+        folded = alpha[..., None, None] * folded + (d + e)[..., None] * k[:, :, None, :]
+        corrections[:, j] = e
+    return folded, corrections
+
+
+def gdn_settle_ring(
+    checkpoint: Tensor, read_checkpoint: Tensor, ring_k: Tensor, ring_d: Tensor, ring_g: Tensor, ring_beta: Tensor, rows: Tensor, count: Tensor
+) -> None:
+    """Make the first ``count[i]`` ring entries of ``rows[i]`` exact (in place): ``d += e``, ``beta = 0``.
+
+    A partial fold with a read copy settles every entry it keeps first: after it, the copy is rounded from
+    the new checkpoint, and the kept entries' d, formed against the old copy, could no longer be
+    corrected from it.
+    """
+    rows = rows.long()
+    cd = _compute_dtype(checkpoint)
+    valid = _ring_valid(count.to(rows.device).long(), ring_k.shape[1])
+    _, corrections = _gdn_read_copy_chain(
+        checkpoint[rows].to(cd), read_checkpoint[rows].to(cd), ring_k[rows].to(cd), ring_d[rows].to(cd), ring_g[rows].to(cd),
+        ring_beta[rows].to(cd), valid,
+    )  # fmt: skip
+    ring_d[rows] = (ring_d[rows].to(cd) + corrections).to(ring_d.dtype)
+    ring_beta[rows] = torch.where(valid[..., None], 0.0, ring_beta[rows])
+
+
 def _gdn_prepare_qk(q: Tensor, k: Tensor, use_qk_l2norm: bool, scale: float | None, cd: torch.dtype) -> tuple[Tensor, Tensor]:
     q, k = q.to(cd), k.to(cd)
     if use_qk_l2norm:
@@ -314,6 +362,7 @@ def gdn_step(
     use_qk_l2norm: bool,
     scale: float | None,
     read_checkpoint: Tensor | None = None,
+    ring_beta: Tensor | None = None,
 ) -> Tensor:
     """Reference replay step for Gated DeltaNet; see ``replayssm.ops.gdn_step``."""
     batch, num_tokens, key_heads, key_dim = k.shape
@@ -332,7 +381,12 @@ def gdn_step(
     # 1. rows whose ring cannot take T more entries fold their committed part.
     flush = c + num_tokens > window
     if bool(flush.any()):
-        folded = _gdn_fold(state, ring_k_r, ring_d_r, ring_g_r, _ring_valid(c, window).to(cd))
+        if read_checkpoint is None:
+            folded = _gdn_fold(state, ring_k_r, ring_d_r, ring_g_r, _ring_valid(c, window).to(cd))
+        else:  # the ring's d were formed against the copy: the exact fold corrects them
+            folded, _ = _gdn_read_copy_chain(
+                state, read_checkpoint[rows].to(cd), ring_k_r, ring_d_r, ring_g_r, ring_beta[rows].to(cd), _ring_valid(c, window)
+            )
         state = _store_fold(folded, flush, rows, checkpoint, read_checkpoint, state)
         c = torch.where(flush, torch.zeros_like(c), c)
     elif read_checkpoint is not None:
@@ -364,7 +418,8 @@ def gdn_step(
     d_t = seq_d[:, window:]
 
     # 3. append the T entries past the committed cursor.
-    _append(rows, c, commit, cursor, pending, (ring_k, k_t), (ring_d, d_t), (ring_g, g_t))
+    entries = [(ring_k, k_t), (ring_d, d_t), (ring_g, g_t)] + ([(ring_beta, beta_t)] if ring_beta is not None else [])
+    _append(rows, c, commit, cursor, pending, *entries)
     return o.to(v.dtype).contiguous()
 
 
@@ -375,12 +430,20 @@ def gdn_materialize(
     ring_g: Tensor,
     cursor: Tensor,
     rows: Tensor,
+    read_checkpoint: Tensor | None = None,
+    ring_beta: Tensor | None = None,
 ) -> Tensor:
-    """Exact current state of ``rows`` (committed entries only), ``(n, value_heads, value_dim, key_dim)``."""
+    """Exact current state of ``rows`` (committed entries only), ``(n, value_heads, value_dim, key_dim)``.
+
+    With a read copy the ring's d are corrected as the fold corrects them (``_gdn_read_copy_chain``).
+    """
     cd = _compute_dtype(checkpoint)
     rows = rows.long()
     valid = _ring_valid(cursor[rows].long(), ring_k.shape[1])
-    return _gdn_fold(checkpoint[rows].to(cd), ring_k[rows].to(cd), ring_d[rows].to(cd), ring_g[rows].to(cd), valid.to(cd))
+    state, ring = checkpoint[rows].to(cd), (ring_k[rows].to(cd), ring_d[rows].to(cd), ring_g[rows].to(cd))
+    if read_checkpoint is None:
+        return _gdn_fold(state, *ring, valid.to(cd))
+    return _gdn_read_copy_chain(state, read_checkpoint[rows].to(cd), *ring, ring_beta[rows].to(cd), valid)[0]
 
 
 def gdn_conventional_step(

@@ -107,7 +107,7 @@ class GDNAdapter(MixerAdapter):
             o = ops.gdn_step(
                 q, k, v, log_decay, beta,
                 state.checkpoint, state.ring_k, state.ring_d, state.ring_g, state.cursor, state.pending,
-                layer.replay_rows, commit, True, None, state.read_checkpoint,
+                layer.replay_rows, commit, True, None, state.read_checkpoint, state.ring_beta,
             )  # fmt: skip
         o = self.norm(o.reshape(-1, g.value_dim), z.reshape(-1, g.value_dim))
         return self.out_proj(o.reshape(batch, num_tokens, -1))

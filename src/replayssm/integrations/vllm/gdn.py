@@ -171,6 +171,7 @@ class ReplayQwenGatedDeltaNet(C.ReplayLayerMixin, QwenGatedDeltaNetAttention):
             True,
             None,
             None,  # no read copy: the checkpoint is vLLM's own state tensor
+            None,  # (and so no ring of betas)
         )  # fmt: skip
         return rows.unpad(o)
 

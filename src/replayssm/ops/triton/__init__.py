@@ -76,10 +76,13 @@ def register_cuda_kernels() -> None:
         return _launcher("mamba2_conventional_step")(x, dt, A, B, C, D, dt_bias, z, state, rows, dt_softplus)
 
     @gdn_step.register_kernel("cuda")
-    def _(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint):
+    def _(
+        q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint,
+        ring_beta,
+    ):  # fmt: skip
         state = (checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows)
-        _checks.check_gdn_step(q, k, v, g, beta, *state, scale, read_checkpoint)
-        return _launcher("gdn_step")(q, k, v, g, beta, *state, commit, use_qk_l2norm, scale, read_checkpoint)
+        _checks.check_gdn_step(q, k, v, g, beta, *state, scale, read_checkpoint, ring_beta)
+        return _launcher("gdn_step")(q, k, v, g, beta, *state, commit, use_qk_l2norm, scale, read_checkpoint, ring_beta)
 
     @gdn_conventional_step.register_kernel("cuda")
     def _(q, k, v, g, beta, state, rows, use_qk_l2norm, scale):

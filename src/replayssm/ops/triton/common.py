@@ -220,19 +220,6 @@ def fold_store_tile(b_S, b_decay, b_U, b_W, p_tile, m_tile):
     return b_stored.to(tl.float32)
 
 
-@triton.jit
-def fold_store_tile_read(b_S, b_decay, b_U, b_W, p_tile, p_read_tile, m_tile):
-    """``fold_store_tile`` with a read copy (SPEC §4): the fold is stored in the checkpoint's dtype and,
-    rounded from fp32 too, in the read copy's; returns the read copy's tile (in fp32), which the
-    outputs read."""
-    b_S = fold_tile(b_S, b_decay, b_U, b_W)
-    tl.store(p_tile, b_S.to(p_tile.dtype.element_ty), mask=m_tile)
-    b_read = b_S.to(p_read_tile.dtype.element_ty)
-    tl.store(p_read_tile, b_read, mask=m_tile)
-    tl.debug_barrier()
-    return b_read.to(tl.float32)
-
-
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 

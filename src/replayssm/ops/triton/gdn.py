@@ -64,7 +64,6 @@ from .common import (
     check_form,
     device_context,
     fold_store_tile,
-    fold_store_tile_read,
     fold_tile,
     folding_rows,
     head_suffix_sums,
@@ -221,7 +220,7 @@ def _gdn_replay_kernel(
 
 @triton.jit
 def _gdn_flush_kernel(
-    p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
+    p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_ring_beta, p_cursor, p_rows,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k,
     s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
@@ -242,7 +241,9 @@ def _gdn_flush_kernel(
     ``USE_PDL``: the step's first launch (a plain one); it lets the weights launch start at once, since
     that launch waits before the only thing it does that this one could see (its append).
 
-    ``HAS_READ``: the fold is also stored, rounded from fp32, into the read copy ``p_read`` (SPEC §4).
+    ``HAS_READ``: the fold is the exact one of a ring formed against the read copy ``p_read``
+    (``_fold_tile_read_copy``, which needs the ring's betas ``p_ring_beta``), and it is also stored, rounded
+    from fp32, into the copy (SPEC §4).
     """
     allow_next_launch(USE_PDL)
     if WORKLIST:
@@ -256,7 +257,7 @@ def _gdn_flush_kernel(
         else:
             i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         _gdn_fold_head(
-            p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
+            p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_ring_beta, p_cursor, p_rows,
             s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
             s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
             V, K, L, value_per_key, i_s, i_h, i_b,
@@ -279,8 +280,44 @@ def _fold_weights(p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, 
 
 
 @triton.jit
+def _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l):
+    """What the exact fold with a read copy needs per ring entry of a value head besides d and k:
+    ``alpha = exp(g)`` and beta, in fp32 (alpha 1 and beta 0 past the history). ring_beta has ring_g's
+    strides."""
+    m_hist = o_l < cur
+    offsets = slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l
+    b_alpha = tl.where(m_hist, tl.exp(tl.load(p_ring_g + offsets, mask=m_hist, other=0.0).to(tl.float32)), 1.0)
+    b_beta = tl.load(p_ring_beta + offsets, mask=m_hist, other=0.0).to(tl.float32)
+    return b_alpha, b_beta
+
+
+@triton.jit
+def _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l):
+    """The exact fold of a checkpoint tile (rows, K) whose ring entries were formed against a read copy.
+
+    Each d was formed from ``S k`` read off the copy ``b_C`` (the tile as stored, in fp32), so it is the
+    update of the state the steps read. With the gap ``D = S - C``, entry j's true update is
+    ``d_j + e_j``, ``e_j = -beta_j alpha_j D k_j``, and the gap moves on as ``D <- alpha_j D + e_j k_j^T``
+    (``reference._gdn_read_copy_chain``; an entry already exact has beta 0). So the fold runs entry by
+    entry in fp32, on the tile's rows: ``S <- alpha_j S + (d_j + e_j) k_j^T``. ``b_rd`` (rows, entries),
+    ``b_rk`` (entries, K) and the per-entry ``b_alpha``, ``b_beta`` are in registers; entry j is picked
+    out of them by a compare (its columns are not addressable)."""
+    b_D = b_S - b_C
+    for j in range(0, cur):
+        pick = o_l == j
+        b_k = tl.sum(tl.where(pick[:, None], b_rk, 0.0), axis=0)
+        b_d = tl.sum(tl.where(pick[None, :], b_rd, 0.0), axis=1)
+        alpha = tl.sum(tl.where(pick, b_alpha, 0.0), axis=0)
+        beta = tl.sum(tl.where(pick, b_beta, 0.0), axis=0)
+        b_e = -(beta * alpha) * tl.sum(b_D * b_k[None, :], axis=1)
+        b_D = alpha * b_D + b_e[:, None] * b_k[None, :]
+        b_S = alpha * b_S + (b_d + b_e)[:, None] * b_k[None, :]
+    return b_S
+
+
+@triton.jit
 def _gdn_fold_head(
-    p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
+    p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_ring_beta, p_cursor, p_rows,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, i_s, i_h, i_b,
@@ -299,22 +336,28 @@ def _gdn_fold_head(
         b_rk, b_wf, b_decay_f = _fold_weights(
             p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, s_rk_h, s_rk_k, s_rg_s, s_rg_l, s_rg_h, o_k, m_k, o_l
         )
+        if HAS_READ:
+            b_alpha, b_beta = _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
         p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
         p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
         for i_v in range(i_s, NUM_TILES, SPLIT):
             o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
                 p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
             )
-            b_S = fold_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk)
-            tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
             if HAS_READ:
                 p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
+                b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
+                b_S = _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l)
+                tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
                 tl.store(p_read_tile, b_S.to(p_read.dtype.element_ty), mask=m_tile)
+            else:
+                b_S = fold_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk)
+                tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
 
 
 @triton.jit
 def _gdn_weights_kernel(
-    p_q, p_k, p_g, p_beta, p_ring_k, p_ring_g, p_cursor, p_rows, p_w, p_qk, p_pos, p_arrive,
+    p_q, p_k, p_g, p_beta, p_ring_k, p_ring_g, p_ring_beta, p_cursor, p_rows, p_w, p_qk, p_pos, p_arrive,
     s_q_b, s_q_t, s_q_h, s_q_k,
     s_k_b, s_k_t, s_k_h, s_k_k,
     s_g_b, s_g_t, s_g_h,
@@ -324,7 +367,7 @@ def _gdn_weights_kernel(
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     K, L, value_per_key, scale,
-    T: tl.constexpr, L2NORM: tl.constexpr, USE_PDL: tl.constexpr, ALONGSIDE: tl.constexpr,
+    T: tl.constexpr, L2NORM: tl.constexpr, USE_PDL: tl.constexpr, ALONGSIDE: tl.constexpr, HAS_READ: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     RING_DOT: tl.constexpr = False, BLOCK_M: tl.constexpr = 16,
 ):  # fmt: skip
@@ -359,6 +402,9 @@ def _gdn_weights_kernel(
     first launch, a plain one, and waits for nothing. A row that folds gets ``pos = -1 - cursor`` and
     no append here (its fold, after this launch, still has to read the old entries); the fold launch's
     counts ``arrive[row, key head]`` are zeroed.
+
+    ``HAS_READ`` (a read copy): the betas are appended too, into ``p_ring_beta`` (ring_g's strides), for
+    the exact fold.
     """
     allow_next_launch(USE_PDL)
     i_kh, i_b = tl.program_id(0), tl.program_id(1)
@@ -455,9 +501,11 @@ def _gdn_weights_kernel(
         p_ring_k + slot * s_rk_s + (c_eff + o_t[:, None]) * s_rk_l + i_kh64 * s_rk_h + o_k[None, :] * s_rk_k,
         b_K.to(p_ring_k.dtype.element_ty), mask=m_tk,
     )
-    tl.store(
-        p_ring_g + slot * s_rg_s + (c_eff + o_t[None, :]) * s_rg_l + o_h[:, None] * s_rg_h, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt
-    )
+    p_rg_new = slot * s_rg_s + (c_eff + o_t[None, :]) * s_rg_l + o_h[:, None] * s_rg_h
+    tl.store(p_ring_g + p_rg_new, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt)
+    if HAS_READ:
+        b_beta = tl.load(p_beta + i_b64 * s_beta_b + o_t[None, :] * s_beta_t + o_h[:, None] * s_beta_h, mask=m_jt, other=0.0)
+        tl.store(p_ring_beta + p_rg_new, b_beta.to(p_ring_beta.dtype.element_ty), mask=m_jt)
     tl.store(p_pos + i_b, pos, mask=i_kh == 0)
 
 
@@ -683,8 +731,8 @@ def _store_tokens(p_o_row, p_ring_row_d, b_O, b_D, c_eff, o_v, m_v, o_t, m_t, s_
 
 @triton.jit
 def _gdn_fold_finish_kernel(
-    p_v, p_o, p_g, p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_rows, p_w, p_qk, p_pos, p_arrive,
-    s_v_b, s_v_t, s_v_h, s_v_v, s_o_b, s_o_t, s_o_h, s_o_v, s_g_b, s_g_t, s_g_h,
+    p_v, p_o, p_g, p_beta, p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_ring_beta, p_rows, p_w, p_qk, p_pos, p_arrive,
+    s_v_b, s_v_t, s_v_h, s_v_v, s_o_b, s_o_t, s_o_h, s_o_v, s_g_b, s_g_t, s_g_h, s_beta_b, s_beta_t, s_beta_h,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     s_w_b, s_w_h, s_w_t, s_qk_b, s_qk_h, s_qk_i, s_qk_t,
@@ -710,7 +758,9 @@ def _gdn_fold_finish_kernel(
     this launch, touching only the rows it does not. The main launch's last program waits for this
     launch before it ends, so whatever follows the op sees this launch's writes.
 
-    ``HAS_READ``: the fold is also stored in the read copy ``p_read``, and the tokens read that (SPEC §4).
+    ``HAS_READ``: the fold is the exact one of a ring formed against the read copy ``p_read``
+    (``_fold_tile_read_copy``), it is also stored in the copy, the tokens read that (SPEC §4), and the new
+    betas are appended with the log-decays.
     """
     wait_for_previous_launch(USE_PDL)
     allow_next_launch(USE_PDL)
@@ -731,7 +781,9 @@ def _gdn_fold_finish_kernel(
         b_rk, b_wf, b_decay_f = _fold_weights(
             p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, s_rk_h, s_rk_k, s_rg_s, s_rg_l, s_rg_h, o_k, m_k, o_l
         )
-        tl.debug_barrier()  # every thread holds its part of the old keys and decays before the count below
+        if HAS_READ:
+            b_alpha, b_beta = _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
+        tl.debug_barrier()  # every thread holds its part of the old keys, decays (and betas) before the count below
         arrived = tl.atomic_add(p_arrive + i_b * (heads // value_per_key) + i_kh, 1, sem="acq_rel")
         p_qk_row = p_qk + i_b64 * s_qk_b + i_kh64 * s_qk_h
         if arrived == value_per_key * SPLIT - 1:
@@ -747,7 +799,11 @@ def _gdn_fold_finish_kernel(
             )
             o_hj = (i_kh * value_per_key + o_j).to(tl.int64)
             b_g = tl.load(p_g + i_b64 * s_g_b + o_t[None, :] * s_g_t + o_hj[:, None] * s_g_h, mask=m_jt, other=0.0)
-            tl.store(p_ring_g + slot * s_rg_s + o_t[None, :] * s_rg_l + o_hj[:, None] * s_rg_h, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt)
+            p_rg_new = slot * s_rg_s + o_t[None, :] * s_rg_l + o_hj[:, None] * s_rg_h
+            tl.store(p_ring_g + p_rg_new, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt)
+            if HAS_READ:
+                b_bt = tl.load(p_beta + i_b64 * s_beta_b + o_t[None, :] * s_beta_t + o_hj[:, None] * s_beta_h, mask=m_jt, other=0.0)
+                tl.store(p_ring_beta + p_rg_new, b_bt.to(p_ring_beta.dtype.element_ty), mask=m_jt)
         p_w_row = p_w + i_b64 * s_w_b + i_h64 * s_w_h
         b_N, b_Wq = _token_mixing(p_w_row, s_w_t, o_t, m_t, L, T)
         p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
@@ -761,7 +817,13 @@ def _gdn_fold_finish_kernel(
             # The stored tile, in fp32 (the barrier inside: its old d entries are read before they are overwritten).
             if HAS_READ:
                 p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
-                b_S = fold_store_tile_read(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk, p_tile, p_read_tile, m_tile)
+                b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
+                b_S = _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l)
+                tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
+                b_read = b_S.to(p_read.dtype.element_ty)
+                tl.store(p_read_tile, b_read, mask=m_tile)
+                tl.debug_barrier()  # the old d entries are read before the tokens' d overwrite them
+                b_S = b_read.to(tl.float32)
             else:
                 b_S = fold_store_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk, p_tile, m_tile)
             b_D, b_O = _tokens_from_folded_tile(
@@ -895,7 +957,7 @@ def gdn_step_out(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
     flush_config: LaunchConfig | None = None, decode_launches: int | None = None, weights_config: LaunchConfig | None = None,
-    overlap: bool | None = None, read_checkpoint: Tensor | None = None,
+    overlap: bool | None = None, read_checkpoint: Tensor | None = None, ring_beta: Tensor | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
@@ -907,8 +969,8 @@ def gdn_step_out(
     ``gdn_main_config``). ``overlap`` (default ``replay_overlap()``): the weights and main launches
     with programmatic dependent launch where the GPU has it (``common.overlap_launches``).
     ``read_checkpoint`` (SPEC §4): the main launch reads it instead of the checkpoint, and the fold
-    launches write both; decoding then always takes the three launches (the single kernel reads and
-    folds the same tiles, so it has no read copy).
+    launches write both, folding exactly with ``ring_beta`` (required with a copy); decoding then always
+    takes the three launches (the single kernel reads and folds the same tiles, so it has no read copy).
     """
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -918,10 +980,12 @@ def gdn_step_out(
         raise ValueError(f"gdn_step_out: decode_launches must be 1 or 3, got {decode_launches}")
     if decode_launches == 1 and num_tokens == 1 and read_checkpoint is not None:
         raise ValueError("gdn_step_out: the single decode kernel has no read copy; pass decode_launches=3 with read_checkpoint")
+    if (read_checkpoint is None) != (ring_beta is None):
+        raise ValueError("gdn_step_out: ring_beta goes with read_checkpoint (the exact fold of a copy needs it): pass both or neither")
     if num_tokens > 1 or decode_launches == 3:
         _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config,
-            weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint,
+            weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint, ring_beta,
         )  # fmt: skip
         return
     window = ring_k.shape[1]
@@ -955,6 +1019,7 @@ def gdn_step_out(
 def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config, overlap: bool, read_checkpoint: Tensor | None,
+    ring_beta: Tensor | None,
 ) -> None:  # fmt: skip
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -995,9 +1060,11 @@ def _gdn_three_launches(
     arrive = torch.empty(batch, key_heads, dtype=torch.int32, device=v.device) if alongside else pos
     use_pdl = overlap_launches(v.device, overlap)
     later = pdl_launch_options(use_pdl)  # the launches after the step's first, a plain one (its inputs come from before the op)
+    has_read = read_checkpoint is not None
+    ring_beta_arg = ring_beta if has_read else ring_g  # (not read without a copy)
     fold_args = dict(
-        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=read_checkpoint is not None,
-        p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
+        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read,
+        p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
         **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads, T=num_tokens,
         USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles, SPLIT=fold_split,
         BLOCK_B=next_pow2(batch), num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
@@ -1006,8 +1073,8 @@ def _gdn_three_launches(
         if not alongside:
             _gdn_flush_kernel[flush_grid](p_cursor=cursor, WORKLIST=work_list, **fold_args)
         _gdn_weights_kernel[(key_heads, batch)](
-            p_q=q, p_k=k, p_g=g, p_beta=beta, p_ring_k=ring_k, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
-            p_w=weights, p_qk=qk, p_pos=pos, p_arrive=arrive,
+            p_q=q, p_k=k, p_g=g, p_beta=beta, p_ring_k=ring_k, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_cursor=cursor, p_rows=rows,
+            p_w=weights, p_qk=qk, p_pos=pos, p_arrive=arrive, HAS_READ=has_read,
             **dict(zip(("s_q_b", "s_q_t", "s_q_h", "s_q_k"), q.stride())),
             **dict(zip(("s_k_b", "s_k_t", "s_k_h", "s_k_k"), k.stride())),
             **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
@@ -1022,10 +1089,11 @@ def _gdn_three_launches(
         )  # fmt: skip
         if alongside:
             _gdn_fold_finish_kernel[flush_grid](
-                p_v=v, p_o=o, p_g=g, p_w=weights, p_qk=qk, p_pos=pos, p_arrive=arrive,
+                p_v=v, p_o=o, p_g=g, p_beta=beta, p_w=weights, p_qk=qk, p_pos=pos, p_arrive=arrive,
                 **dict(zip(("s_v_b", "s_v_t", "s_v_h", "s_v_v"), v.stride())),
                 **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
                 **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
+                **dict(zip(("s_beta_b", "s_beta_t", "s_beta_h"), beta.stride())),
                 **scratch_strides, BLOCK_T=block_t, BLOCK_J=next_pow2(value_per_key), **fold_args, **later,
             )  # fmt: skip
         num_tiles, split = _tiles(value_dim, cfg)
@@ -1063,13 +1131,14 @@ def _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2no
 def gdn_step(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, read_checkpoint: Tensor | None = None,
+    ring_beta: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """Replay step: Triton in fp32/fp16/bf16, the reference for fp64."""
     args = (q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale)
-    if uses_float64(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g):
-        return reference.gdn_step(*args, read_checkpoint)
+    if uses_float64(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, ring_beta):
+        return reference.gdn_step(*args, read_checkpoint, ring_beta)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # contiguous, as the fake kernel says (v may be strided)
-    gdn_step_out(*args, o=o, read_checkpoint=read_checkpoint)
+    gdn_step_out(*args, o=o, read_checkpoint=read_checkpoint, ring_beta=ring_beta)
     return o
 
 
