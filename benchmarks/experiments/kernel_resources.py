@@ -13,6 +13,7 @@ memory, and the programs per multiprocessor those allow (65,536 registers, 227 K
 programs and 64 warps per multiprocessor), the occupancy ceiling before the other limits. ``--ptx-dir``
 also writes each launch's PTX without its debug lines, numbered and named by case, so that two checkouts'
 launches can be compared (``diff -r``; the register numbering changes with the kernel's parameter list).
+``--read-dtype bf16`` compiles the replay steps of states with a read copy (SPEC §4) instead.
 
 The figures are the installed Triton's: run it under the GPU machine's version (3.6 there) for the code
 that runs on the lent H200, e.g. in a virtual environment with ``pip install torch==2.13.0`` and
