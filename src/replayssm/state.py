@@ -440,9 +440,10 @@ class GDNReplayState(ReplayState):
         )
 
     def fold(self, count: int | Tensor | list[int], rows: Tensor | list[int] | None = None) -> None:
+        """``ReplayState.fold``. With a read copy, every entry of the rows is made exact first
+        (``reference.gdn_settle_ring``): the entries the fold keeps were formed against the copy it
+        replaces. The fold of exact entries is then the plain one."""
         if self.read_checkpoint is not None:
-            # The entries the fold keeps were formed against the copy it replaces: make every entry exact
-            # first (reference.gdn_settle_ring); the fold of exact entries is then the plain one.
             rows_t = self._rows(rows)
             self._check_distinct(rows_t)
             self._counts(count, rows_t, "count")  # a bad count is refused before anything is written
@@ -451,5 +452,3 @@ class GDNReplayState(ReplayState):
                 self.checkpoint, self.read_checkpoint, self.ring_k, self.ring_d, self.ring_g, self.ring_beta, rows_t, used
             )
         super().fold(count, rows)
-
-    fold.__doc__ = ReplayState.fold.__doc__
