@@ -52,6 +52,8 @@ from replayssm.ops import reference  # noqa: E402
 from replayssm.ops.triton import gdn as gdn_kernels  # noqa: E402
 from replayssm.ops.triton import mamba2 as mamba2_kernels  # noqa: E402
 from replayssm.ops.triton.configs import (  # noqa: E402
+    GDN_READ_COPY_FOLD,
+    GDN_READ_COPY_FOLDS,
     LaunchConfig,
     gdn_conventional_config,
     gdn_replay_config,
@@ -193,7 +195,7 @@ class Case:
         gdn_kernels.gdn_step_out(
             *inp, *tensors, self.rows, commit, True, None, o=o, config=variant.config, decode_launches=variant.launches,
             flush_config=variant.flush, weights_config=variant.weights, overlap=variant.overlap, read_checkpoint=read,
-            ring_beta=self.state.ring_beta,
+            ring_beta=self.state.ring_beta, read_copy_fold=variant.read_fold,
         )  # fmt: skip
         return o
 
@@ -365,6 +367,16 @@ def measure_point(
         row["replay_read_pct_floor"] = 100 * row["replay_read_floor_us"] / row["replay_read_us"]
         row["speedup_read"] = row["conventional_us"] / row["replay_read_us"]
         row["bytes_model_ratio_read"] = read_traffic.conventional / read_traffic.replay
+        if not read_case.mamba2:
+            # GDN's exact fold with a copy has two forms (configs.GDN_READ_COPY_FOLDS): the other one, checked and
+            # timed beside the table's.
+            other = next(f for f in GDN_READ_COPY_FOLDS if f != GDN_READ_COPY_FOLD)
+            variant = StepVariant(None, read_fold=other)
+            if failure := check_failure(read_case.check_replay(variant)):
+                raise RuntimeError(f"{name}: the replay step with a read copy, {other} fold, {failure}")
+            row["read_fold"], row["read_fold_other"] = GDN_READ_COPY_FOLD, other
+            read_case.set_phase("staggered")
+            row["replay_read_other_fold_us"] = time_graph_per_step(read_case.replay_steps(variant, via_op=False), repeats)
         del read_case
     row["replay_floor_us"] = traffic.replay / bw * 1e6
     row["conventional_floor_us"] = traffic.conventional / bw * 1e6
@@ -386,7 +398,8 @@ class StepVariant:
     weights launches take ``flush`` and ``weights``; ``fold_in_main`` (Mamba-2): full rings folded inside
     the main launch (no flush launch); ``flush`` and ``weights`` (Mamba-2 too): the flush launch's and the
     weights launch's warps; ``overlap``:
-    the later launches with programmatic dependent launch (``configs.replay_overlap``). None: the table's
+    the later launches with programmatic dependent launch (``configs.replay_overlap``); ``read_fold`` (GDN
+    with a read copy): the exact fold's form (``configs.GDN_READ_COPY_FOLDS``). None: the table's
     choice."""
 
     config: LaunchConfig | None
@@ -395,11 +408,14 @@ class StepVariant:
     flush: LaunchConfig | None = None
     weights: LaunchConfig | None = None
     overlap: bool | None = None
+    read_fold: str | None = None
 
     def as_dict(self) -> dict:
         out = {**(self.config.as_dict() if self.config else {}), "launches": self.launches, "fold_in_main": self.fold_in_main}
         if self.overlap is not None:
             out["overlap"] = self.overlap
+        if self.read_fold is not None:
+            out["read_fold"] = self.read_fold
         for name, cfg in (("flush", self.flush), ("weights", self.weights)):
             if cfg is not None:
                 out[name] = cfg.as_dict()
@@ -551,6 +567,15 @@ def dry_run() -> None:
             failure = check_failure(read_case.check_replay())
             assert failure is None, f"dry run {name}, bf16 read copy: the replay step {failure}"
             read_case.replay_step(read_case.inputs[0])
+        if not case.mamba2:
+            # The exact fold's forms through the kernels (the op above is the reference on the CPU), as the
+            # headline times them. An fp16 copy: the interpreter truncates fp32 -> bf16 casts (NOTES-TRITON).
+            fp16_case = Case(geometry, 3, 4, "cpu", conventional=False, read_dtype=torch.float16)
+            for _ in range(fp16_case.window + 1):
+                for fold in GDN_READ_COPY_FOLDS:
+                    failure = check_failure(fp16_case.check_replay(StepVariant(None, read_fold=fold)))
+                    assert failure is None, f"dry run {name}, fp16 read copy, {fold} fold: the replay step {failure}"
+                fp16_case.replay_step(fp16_case.inputs[0])
         cfg = mamba2_replay_config(16, 16) if case.mamba2 else gdn_replay_config(16, 16)
         conv = mamba2_conventional_config(16, 16) if case.mamba2 else gdn_conventional_config(16, 16)
         print(f"dry run {name}: ok (replay {cfg}, conventional {conv}); traffic ratio {case.traffic().ratio:.2f}")
@@ -612,6 +637,9 @@ READ_COLUMNS = [
     ("speedup_read", "conv/replay", ".2f"),
     ("bytes_model_ratio_read", "bytes ratio", ".2f"),
     ("replay_read_pct_floor", "replay % floor", ".1f"),
+    ("read_fold", "GDN fold", ""),
+    ("read_fold_other", "other fold", ""),
+    ("replay_read_other_fold_us", "replay us, other fold", ".1f"),
 ]
 SWEEP_COLUMNS = [
     ("geometry", "geometry", ""),

@@ -253,13 +253,15 @@ def _check_copy_and_share_it(ours, theirs):
     theirs.read_checkpoint.copy_(read.cpu())
 
 
-def _compare_states(ours, theirs, tol):
+def _compare_states(ours, theirs, tol, checkpoint_tol=None):
+    """Every state tensor within ``tol`` (the checkpoint within ``checkpoint_tol`` if given), cursors equal."""
     _check_copy_and_share_it(ours, theirs)
     for name, t in ours.tensors().items():
         if name == "read_checkpoint":
             continue
         elif t.is_floating_point():
-            assert rel_err(t.cpu(), getattr(theirs, name)) < tol, name
+            bound = checkpoint_tol if name == "checkpoint" and checkpoint_tol is not None else tol
+            assert rel_err(t.cpu(), getattr(theirs, name)) < bound, name
         else:
             assert torch.equal(t.cpu(), getattr(theirs, name)), name
 
@@ -269,9 +271,13 @@ def _gdn_forms():
 
     return {
         "tables": {},
+        "entries-fold": dict(read_copy_fold="entries"),  # the exact fold entry by entry (configs.GDN_READ_COPY_FOLDS)
         "worklist-fold": dict(flush_config=LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=1)),
         "alongside-fold-mma": dict(
             config=LaunchConfig(16, 1, 1, form="mma"), flush_config=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1)
+        ),
+        "alongside-entries-fold": dict(
+            flush_config=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), read_copy_fold="entries"
         ),
     }
 
@@ -310,7 +316,7 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "worklist-fold", "alongside-fold-mma"])
+@pytest.mark.parametrize("form", ["tables", "entries-fold", "worklist-fold", "alongside-fold-mma", "alongside-entries-fold"])
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
     kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
@@ -336,7 +342,9 @@ def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
             accepted = torch.tensor([T, 1, 0])
             ours.commit(accepted.to(device), rows)
             theirs.commit(accepted, rows.cpu())
-        _compare_states(ours, theirs, 1e-4)
+        # The checkpoint to 5e-6: the exact fold's corrections are of the copy's rounding, so a fold without
+        # them still lands within 1e-4 (3.5e-5 with an fp16 copy); the kernels' own differences are 5e-7.
+        _compare_states(ours, theirs, 1e-4, checkpoint_tol=5e-6)
     assert flushes >= 4
 
 

@@ -299,6 +299,15 @@ def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int, read_copy: bo
     return _pick(table, value_dim, key_dim, loop=False)
 
 
+# GDN's exact fold with a read copy (docs/ops.md, "Read copy"), in the fold launches: "blocked" (each tile's
+# corrections as two tl.dots with the ring's keys and an entries x entries factor N solved once per head;
+# 255 registers, 2 programs per multiprocessor on sm_90, Triton 3.6) or "entries" (entry by entry, 154
+# registers, 3 programs). Chosen without a timing (2026-12-03: no GPU time left); decode_kernels.py
+# --read-dtype times both.
+GDN_READ_COPY_FOLDS = ("blocked", "entries")
+GDN_READ_COPY_FOLD = "blocked"
+
+
 def gdn_flush_config(value_dim: int, key_dim: int, num_tokens: int = 2) -> LaunchConfig:
     """The three-launch step's fold launch: ``_GDN_DECODE_FLUSH`` for T = 1, ``_GDN_FLUSH`` for T > 1."""
     table = _GDN_DECODE_FLUSH if num_tokens == 1 else _GDN_FLUSH

@@ -80,6 +80,8 @@ from .common import (
     worklist_item,
 )
 from .configs import (
+    GDN_READ_COPY_FOLD,
+    GDN_READ_COPY_FOLDS,
     LaunchConfig,
     gdn_conventional_config,
     gdn_decode_launches,
@@ -226,7 +228,7 @@ def _gdn_flush_kernel(
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr,
+    T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD_BLOCKED: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
@@ -261,7 +263,7 @@ def _gdn_flush_kernel(
             s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
             s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
             V, K, L, value_per_key, i_s, i_h, i_b,
-            T, HAS_READ, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
+            T, HAS_READ, READ_FOLD_BLOCKED, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
         )  # fmt: skip
 
 
@@ -280,10 +282,51 @@ def _fold_weights(p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, 
 
 
 @triton.jit
+def _read_copy_correction(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l):
+    """What the exact fold with a read copy needs per (row, value head), besides the fold's own weights:
+    ``exp(cum_j)`` (the ring's log-decays summed up to and including entry j) and the lower-triangular
+    ``N = (I + diag(beta) C)^{-1} diag(beta)`` over the ring's entries, ``C_ji = exp(cum_j - cum_i)
+    k_i.k_j`` for i < j (``b_rk``: the entries' keys, zero past the history; ring_beta has ring_g's
+    strides). N is solved by forward substitution in fp32, row j being ``beta_j (e_j - sum_{i<j} C_ji
+    N[i, :])``; rows past the history are zero (beta 0 there), as are entries whose d is already exact.
+    C takes differences of the sums: their rounding (1e-7 relative) scales corrections that are
+    themselves of the copy's rounding, far below what fp32 can show in the state."""
+    m_hist = o_l < cur
+    offsets = slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l
+    b_g = tl.load(p_ring_g + offsets, mask=m_hist, other=0.0).to(tl.float32)
+    b_beta = tl.load(p_ring_beta + offsets, mask=m_hist, other=0.0).to(tl.float32)
+    b_cum = tl.sum(tl.where(o_l[None, :] <= o_l[:, None], b_g[None, :], 0.0), axis=1)
+    b_gram = tl.dot(b_rk, tl.trans(b_rk), input_precision="ieee")  # k_i . k_j, (entries, entries)
+    b_C = tl.where(o_l[None, :] < o_l[:, None], tl.exp(b_cum[:, None] - b_cum[None, :]) * b_gram, 0.0)
+    b_N = tl.zeros(b_C.shape, dtype=tl.float32)
+    for j in range(0, cur):
+        pick = o_l == j
+        b_c_j = tl.sum(tl.where(pick[:, None], b_C, 0.0), axis=0)  # row j of C (zero from column j on)
+        beta_j = tl.sum(tl.where(pick, b_beta, 0.0), axis=0)
+        b_N_j = beta_j * (tl.where(pick, 1.0, 0.0) - tl.sum(b_c_j[:, None] * b_N, axis=0))
+        b_N = tl.where(pick[:, None], b_N_j[None, :], b_N)
+    return tl.exp(b_cum), b_N
+
+
+@triton.jit
+def _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_exp_cum, b_N_ring):
+    """The exact fold of a checkpoint tile (rows, K) whose ring entries were formed against a read copy.
+
+    Each d was formed from ``S k`` read off the copy ``b_C`` (the tile as stored, in fp32), so it is the
+    update of the state the steps read. With the gap ``D_0 = S - C``, entry j's true update is
+    ``d_j + e_j``, ``e_j = -beta_j alpha_j D_j k_j`` with ``D_{j+1} = alpha_j D_j + e_j k_j^T``
+    (``reference._gdn_read_copy_chain``, which runs this entry by entry). Unrolled, the tile's corrections
+    (rows, entries) are ``E = -(D_0 K^T diag(exp(cum))) N^T`` (``_read_copy_correction``): two products
+    with the ring's keys and N, then the plain rank-L fold of ``d + e``, all in fp32 (``ieee``)."""
+    b_Q = tl.dot(b_S - b_C, tl.trans(b_rk), input_precision="ieee") * b_exp_cum[None, :]
+    b_E = -tl.dot(b_Q, tl.trans(b_N_ring), input_precision="ieee")
+    return fold_tile(b_S, b_decay_f, tl.trans((b_rd + b_E) * b_wf[None, :]), b_rk)
+
+
+@triton.jit
 def _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l):
-    """What the exact fold with a read copy needs per ring entry of a value head besides d and k:
-    ``alpha = exp(g)`` and beta, in fp32 (alpha 1 and beta 0 past the history). ring_beta has ring_g's
-    strides."""
+    """The "entries" fold's per-entry inputs besides d and k: ``alpha = exp(g)`` and beta, in fp32 (alpha 1
+    and beta 0 past the history)."""
     m_hist = o_l < cur
     offsets = slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l
     b_alpha = tl.where(m_hist, tl.exp(tl.load(p_ring_g + offsets, mask=m_hist, other=0.0).to(tl.float32)), 1.0)
@@ -292,16 +335,11 @@ def _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, 
 
 
 @triton.jit
-def _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l):
-    """The exact fold of a checkpoint tile (rows, K) whose ring entries were formed against a read copy.
-
-    Each d was formed from ``S k`` read off the copy ``b_C`` (the tile as stored, in fp32), so it is the
-    update of the state the steps read. With the gap ``D = S - C``, entry j's true update is
-    ``d_j + e_j``, ``e_j = -beta_j alpha_j D k_j``, and the gap moves on as ``D <- alpha_j D + e_j k_j^T``
-    (``reference._gdn_read_copy_chain``; an entry already exact has beta 0). So the fold runs entry by
-    entry in fp32, on the tile's rows: ``S <- alpha_j S + (d_j + e_j) k_j^T``. ``b_rd`` (rows, entries),
-    ``b_rk`` (entries, K) and the per-entry ``b_alpha``, ``b_beta`` are in registers; entry j is picked
-    out of them by a compare (its columns are not addressable)."""
+def _fold_tile_read_copy_entries(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l):
+    """``_fold_tile_read_copy`` entry by entry (the "entries" form): with ``D = S - C``, for each entry j
+    ``e_j = -beta_j alpha_j D k_j``, ``D <- alpha_j D + e_j k_j^T``, ``S <- alpha_j S + (d_j + e_j) k_j^T``,
+    in fp32 on the tile's rows. Entry j is picked out of the registers holding the ring's d and keys by a
+    compare (their columns are not addressable)."""
     b_D = b_S - b_C
     for j in range(0, cur):
         pick = o_l == j
@@ -316,13 +354,32 @@ def _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l):
 
 
 @triton.jit
+def _read_copy_fold_inputs(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l, BLOCKED: tl.constexpr):
+    """A value head's inputs of the exact fold with a read copy, in either form: ``(exp(cum), N)``
+    ("blocked") or ``(alpha, beta)`` ("entries")."""
+    if BLOCKED:
+        return _read_copy_correction(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l)
+    else:
+        return _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
+
+
+@triton.jit
+def _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, BLOCKED: tl.constexpr):
+    """The exact fold of a tile with a read copy in the launch's form (``_read_copy_fold_inputs``)."""
+    if BLOCKED:
+        return _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1)
+    else:
+        return _fold_tile_read_copy_entries(b_S, b_C, b_rd, b_rk, b_in0, b_in1, cur, o_l)
+
+
+@triton.jit
 def _gdn_fold_head(
     p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_ring_beta, p_cursor, p_rows,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, i_s, i_h, i_b,
-    T: tl.constexpr, HAS_READ: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
-    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+    T: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD_BLOCKED: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_L: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """One fold-launch work item: tile group ``i_s`` of value head ``i_h`` of row ``i_b``, if the row folds."""
     slot = tl.load(p_rows + i_b).to(tl.int64)
@@ -337,7 +394,9 @@ def _gdn_fold_head(
             p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, s_rk_h, s_rk_k, s_rg_s, s_rg_l, s_rg_h, o_k, m_k, o_l
         )
         if HAS_READ:
-            b_alpha, b_beta = _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
+            b_in0, b_in1 = _read_copy_fold_inputs(
+                p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l, READ_FOLD_BLOCKED
+            )
         p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
         p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
         for i_v in range(i_s, NUM_TILES, SPLIT):
@@ -347,7 +406,7 @@ def _gdn_fold_head(
             if HAS_READ:
                 p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
                 b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
-                b_S = _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l)
+                b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD_BLOCKED)
                 tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
                 tl.store(p_read_tile, b_S.to(p_read.dtype.element_ty), mask=m_tile)
             else:
@@ -737,9 +796,9 @@ def _gdn_fold_finish_kernel(
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     s_w_b, s_w_h, s_w_t, s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, NUM_TILES: tl.constexpr,
-    SPLIT: tl.constexpr,
+    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD_BLOCKED: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """The fold launch of the ``"alongside"`` form, launched after the weights launch and before the main
     launch, which does not wait for it: a fixed grid of programs looping over the (folding row, value
@@ -782,7 +841,9 @@ def _gdn_fold_finish_kernel(
             p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, s_rk_h, s_rk_k, s_rg_s, s_rg_l, s_rg_h, o_k, m_k, o_l
         )
         if HAS_READ:
-            b_alpha, b_beta = _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
+            b_in0, b_in1 = _read_copy_fold_inputs(
+                p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l, READ_FOLD_BLOCKED
+            )
         tl.debug_barrier()  # every thread holds its part of the old keys, decays (and betas) before the count below
         arrived = tl.atomic_add(p_arrive + i_b * (heads // value_per_key) + i_kh, 1, sem="acq_rel")
         p_qk_row = p_qk + i_b64 * s_qk_b + i_kh64 * s_qk_h
@@ -818,7 +879,7 @@ def _gdn_fold_finish_kernel(
             if HAS_READ:
                 p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
                 b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
-                b_S = _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l)
+                b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD_BLOCKED)
                 tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
                 b_read = b_S.to(p_read.dtype.element_ty)
                 tl.store(p_read_tile, b_read, mask=m_tile)
@@ -958,6 +1019,7 @@ def gdn_step_out(
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
     flush_config: LaunchConfig | None = None, decode_launches: int | None = None, weights_config: LaunchConfig | None = None,
     overlap: bool | None = None, read_checkpoint: Tensor | None = None, ring_beta: Tensor | None = None,
+    read_copy_fold: str | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
@@ -969,8 +1031,9 @@ def gdn_step_out(
     ``gdn_main_config``). ``overlap`` (default ``replay_overlap()``): the weights and main launches
     with programmatic dependent launch where the GPU has it (``common.overlap_launches``).
     ``read_checkpoint`` (SPEC §4): the main launch reads it instead of the checkpoint, and the fold
-    launches write both, folding exactly with ``ring_beta`` (required with a copy); decoding then always
-    takes the three launches (the single kernel reads and folds the same tiles, so it has no read copy).
+    launches write both, folding exactly with ``ring_beta`` (required with a copy) in the form
+    ``read_copy_fold`` (default ``configs.GDN_READ_COPY_FOLD``); decoding then always takes the three
+    launches (the single kernel reads and folds the same tiles, so it has no read copy).
     """
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -982,10 +1045,13 @@ def gdn_step_out(
         raise ValueError("gdn_step_out: the single decode kernel has no read copy; pass decode_launches=3 with read_checkpoint")
     if (read_checkpoint is None) != (ring_beta is None):
         raise ValueError("gdn_step_out: ring_beta goes with read_checkpoint (the exact fold of a copy needs it): pass both or neither")
+    read_copy_fold = read_copy_fold or GDN_READ_COPY_FOLD
+    if read_copy_fold not in GDN_READ_COPY_FOLDS:
+        raise ValueError(f"gdn_step_out: read_copy_fold must be one of {GDN_READ_COPY_FOLDS}, got {read_copy_fold!r}")
     if num_tokens > 1 or decode_launches == 3:
         _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config,
-            weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint, ring_beta,
+            weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint, ring_beta, read_copy_fold,
         )  # fmt: skip
         return
     window = ring_k.shape[1]
@@ -1019,7 +1085,7 @@ def gdn_step_out(
 def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config, overlap: bool, read_checkpoint: Tensor | None,
-    ring_beta: Tensor | None,
+    ring_beta: Tensor | None, read_copy_fold: str,
 ) -> None:  # fmt: skip
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -1063,7 +1129,7 @@ def _gdn_three_launches(
     has_read = read_checkpoint is not None
     ring_beta_arg = ring_beta if has_read else ring_g  # (not read without a copy)
     fold_args = dict(
-        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read,
+        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, READ_FOLD_BLOCKED=read_copy_fold == "blocked",
         p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
         **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads, T=num_tokens,
         USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles, SPLIT=fold_split,
