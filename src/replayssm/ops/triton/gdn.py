@@ -282,6 +282,16 @@ def _fold_weights(p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, 
 
 
 @triton.jit
+def _ring_g_beta(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l):
+    """A value head's ring log-decays and betas, in fp32, zero past the history (ring_beta has ring_g's
+    strides)."""
+    m_hist = o_l < cur
+    offsets = slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l
+    b_g = tl.load(p_ring_g + offsets, mask=m_hist, other=0.0).to(tl.float32)
+    return b_g, tl.load(p_ring_beta + offsets, mask=m_hist, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _read_copy_correction(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l):
     """What the exact fold with a read copy needs per (row, value head), besides the fold's own weights:
     ``exp(cum_j)`` (the ring's log-decays summed up to and including entry j) and the lower-triangular
@@ -291,10 +301,7 @@ def _read_copy_correction(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_
     N[i, :])``; rows past the history are zero (beta 0 there), as are entries whose d is already exact.
     C takes differences of the sums: their rounding (1e-7 relative) scales corrections that are
     themselves of the copy's rounding, far below what fp32 can show in the state."""
-    m_hist = o_l < cur
-    offsets = slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l
-    b_g = tl.load(p_ring_g + offsets, mask=m_hist, other=0.0).to(tl.float32)
-    b_beta = tl.load(p_ring_beta + offsets, mask=m_hist, other=0.0).to(tl.float32)
+    b_g, b_beta = _ring_g_beta(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
     b_cum = tl.sum(tl.where(o_l[None, :] <= o_l[:, None], b_g[None, :], 0.0), axis=1)
     b_gram = tl.dot(b_rk, tl.trans(b_rk), input_precision="ieee")  # k_i . k_j, (entries, entries)
     b_C = tl.where(o_l[None, :] < o_l[:, None], tl.exp(b_cum[:, None] - b_cum[None, :]) * b_gram, 0.0)
@@ -327,11 +334,8 @@ def _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_exp_cum, b_N_r
 def _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l):
     """The "entries" fold's per-entry inputs besides d and k: ``alpha = exp(g)`` and beta, in fp32 (alpha 1
     and beta 0 past the history)."""
-    m_hist = o_l < cur
-    offsets = slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l
-    b_alpha = tl.where(m_hist, tl.exp(tl.load(p_ring_g + offsets, mask=m_hist, other=0.0).to(tl.float32)), 1.0)
-    b_beta = tl.load(p_ring_beta + offsets, mask=m_hist, other=0.0).to(tl.float32)
-    return b_alpha, b_beta
+    b_g, b_beta = _ring_g_beta(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
+    return tl.exp(b_g), b_beta
 
 
 @triton.jit
