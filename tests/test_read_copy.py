@@ -348,6 +348,39 @@ def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
     assert flushes >= 4
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["tables", "entries-fold"])
+def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
+    """The exact fold over a full window-16 ring whose keys nearly align and whose betas are near 1: there
+    the coupling between entries is strong, so every power of the blocked form's ``A`` (up to ``A^15``)
+    shapes the corrections; the small-window test above never reaches past ``A^3``."""
+    kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
+    gen = torch.Generator().manual_seed(23)
+    geometry, window, slots = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=16), 16, 3
+    ours, theirs = _pair_of_states(GDNReplayState, geometry, slots, window, torch.bfloat16, device, gen)
+    ours.cursor.copy_(torch.tensor([0, 5, 11], dtype=torch.int32))
+    theirs.cursor.copy_(ours.cursor.cpu())
+    rows = torch.tensor([0, 1, 2], device=device)
+    direction = torch.randn(geometry.key_dim, generator=gen)
+    flushes = 0
+    for _ in range(2 * window + 2):
+        q, _, v, _, _ = gdn_inputs(geometry, slots, 1, gen)
+        k = direction + 0.1 * torch.randn(slots, 1, geometry.key_heads, geometry.key_dim, generator=gen)
+        g = -0.02 * torch.rand(slots, 1, geometry.value_heads, generator=gen)
+        beta = 0.9 + 0.09 * torch.rand(slots, 1, geometry.value_heads, generator=gen)
+        inputs = (q, k, v, g, beta)
+        flushes += int((ours.cursor[rows] + 1 > window).sum())
+        o_ref = ref.gdn_step(*inputs, *_gdn_args(theirs), rows.cpu(), True, True, None, theirs.read_checkpoint, theirs.ring_beta)
+        o = torch.full_like(v, float("nan"), device=device)
+        kernels.gdn_step_out(
+            *(t.to(device) for t in inputs), *_gdn_args(ours), rows, True, True, None, o=o,
+            read_checkpoint=ours.read_checkpoint, ring_beta=ours.ring_beta, **_gdn_forms()[form],
+        )  # fmt: skip
+        assert rel_err(o.cpu(), o_ref) < 1e-4
+        _compare_states(ours, theirs, 1e-4, checkpoint_tol=5e-6)
+    assert flushes >= 6
+
+
 def test_kernel_forms_without_a_read_copy_are_refused():
     kernels_m = pytest.importorskip("replayssm.ops.triton.mamba2", reason="needs Triton")
     kernels_g = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")

@@ -12,7 +12,12 @@ CUDA graph, median of repeats, us per step):
 * ``all_fold``: one step with every row folding (each step preceded by a 256-int cursor reset);
 * ``no_fold``: one step with no row folding (cursors reset to 15), the fold launch's cost when idle.
 
+With ``--read-dtype bf16`` the steps read a bf16 copy of the checkpoint (SPEC §4; the main launch from
+``_GDN_DECODE_MAIN_READ``), so the fold launch does the exact fold with the copy, in the form(s) named by
+``--read-folds`` (``configs.GDN_READ_COPY_FOLDS``), and stores both copies.
+
     PYTHONPATH=src python3 benchmarks/experiments/gdn_fold_forms.py --out $OUT/fold_forms.json
+    PYTHONPATH=src python3 benchmarks/experiments/gdn_fold_forms.py --read-dtype bf16 --read-folds blocked entries
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import format_table, streaming_bandwidth, time_graph_per_step  # noqa: E402
 from decode_kernels import GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, Case, StepVariant, check_failure  # noqa: E402
 
-from replayssm.ops.triton.configs import _GDN_DECODE_MAIN, LaunchConfig  # noqa: E402
+from replayssm.ops.triton.configs import _GDN_DECODE_MAIN, _GDN_DECODE_MAIN_READ, GDN_READ_COPY_FOLDS, LaunchConfig  # noqa: E402
+
+READ_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _worklist(block, split, warps, per_sm, stages=1):
@@ -51,17 +58,21 @@ FOLDS = [
     _worklist(64, 2, 8, 2),
     _worklist(64, 2, 8, 3),
     _worklist(128, 1, 8, 2),
+    _worklist(16, 2, 8, 2),
+    _worklist(32, 2, 8, 2),
     LaunchConfig(16, 1, 4),
     LaunchConfig(64, 2, 4),
 ]
 
 
-def measure(name, fold, repeats, log) -> dict:
+def measure(name, fold, repeats, log, read_dtype=None, read_fold=None) -> dict:
     geometry = GEOMETRIES[name]
-    case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, "cuda", conventional=False)
-    main = _GDN_DECODE_MAIN[(geometry.value_dim, geometry.key_dim)]
-    variant = StepVariant(main, 3, flush=fold, overlap=True)
+    case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, "cuda", conventional=False, read_dtype=read_dtype)
+    main = (_GDN_DECODE_MAIN_READ if read_dtype is not None else _GDN_DECODE_MAIN)[(geometry.value_dim, geometry.key_dim)]
+    variant = StepVariant(main, 3, flush=fold, overlap=True, read_fold=read_fold)
     row = {"geometry": name, "fold": str(fold)}
+    if read_dtype is not None:
+        row["read_dtype"], row["read_fold"] = str(read_dtype).replace("torch.", ""), read_fold
     try:
         # the check: every row folds (cursors at L), against the reference
         case.state.cursor.fill_(HEADLINE_WINDOW)
@@ -91,8 +102,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--alternations", type=int, default=2, help="times through the list (the order alternates runs)")
     ap.add_argument("--folds", type=int, nargs="+", help="indices into FOLDS (default: all)")
+    ap.add_argument("--read-dtype", choices=list(READ_DTYPES), help="steps read a 16-bit copy of the checkpoint")
+    ap.add_argument("--read-folds", nargs="+", choices=GDN_READ_COPY_FOLDS, default=["blocked"], help="with --read-dtype")
     args = ap.parse_args()
     folds = [FOLDS[i] for i in args.folds] if args.folds else FOLDS
+    read_dtype = READ_DTYPES[args.read_dtype] if args.read_dtype else None
+    read_folds = args.read_folds if read_dtype is not None else [None]
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     bw, _ = streaming_bandwidth()
     log(f"streaming bandwidth {bw / 1e12:.3f} TB/s")
@@ -100,9 +115,10 @@ def main() -> None:
     for rep in range(args.alternations):
         for name in args.geometries:
             for fold in folds if rep % 2 == 0 else folds[::-1]:
-                rows.append({"pass": rep, **measure(name, fold, args.repeats, log)})
+                for read_fold in read_folds:
+                    rows.append({"pass": rep, **measure(name, fold, args.repeats, log, read_dtype, read_fold)})
     columns = [
-        ("geometry", "geometry", ""), ("fold", "fold launch", ""), ("pass", "pass", ""), ("staggered_us", "staggered", ".1f"),
+        ("geometry", "geometry", ""), ("fold", "fold launch", ""), ("read_fold", "read-copy fold", ""), ("pass", "pass", ""), ("staggered_us", "staggered", ".1f"),
         ("in_phase_us", "in-phase", ".1f"), ("all_fold_us", "all fold", ".1f"), ("no_fold_us", "no fold", ".1f"),
     ]  # fmt: skip
     print(format_table([r for r in rows if "error" not in r], columns))
@@ -115,6 +131,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "bandwidth_Bps": bw,
+            "read_dtype": args.read_dtype,
             "command": " ".join(sys.argv),
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -295,24 +295,27 @@ def _ring_g_beta(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h
 def _read_copy_correction(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l):
     """What the exact fold with a read copy needs per (row, value head), besides the fold's own weights:
     ``exp(cum_j)`` (the ring's log-decays summed up to and including entry j) and the lower-triangular
-    ``N = (I + diag(beta) C)^{-1} diag(beta)`` over the ring's entries, ``C_ji = exp(cum_j - cum_i)
-    k_i.k_j`` for i < j (``b_rk``: the entries' keys, zero past the history; ring_beta has ring_g's
-    strides). N is solved by forward substitution in fp32, row j being ``beta_j (e_j - sum_{i<j} C_ji
-    N[i, :])``; rows past the history are zero (beta 0 there), as are entries whose d is already exact.
+    ``N = (I + A)^{-1} diag(beta)`` over the ring's entries, ``A = diag(beta) C``, ``C_ji = exp(cum_j -
+    cum_i) k_i.k_j`` for i < j (``b_rk``: the entries' keys, zero past the history; ring_beta has ring_g's
+    strides). Rows past the history are zero (beta 0 there), as are entries whose d is already exact.
+
+    A is strictly lower triangular, so ``A^BLOCK_L = 0`` and the inverse is the finite product
+    ``(I - A)(I + A^2)(I + A^4)...``: log2(BLOCK_L) - 1 squarings, each a pair of (entries, entries)
+    ``tl.dot``s in fp32, in place of a forward substitution whose BLOCK_L steps each wait on the last.
     C takes differences of the sums: their rounding (1e-7 relative) scales corrections that are
     themselves of the copy's rounding, far below what fp32 can show in the state."""
     b_g, b_beta = _ring_g_beta(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
     b_cum = tl.sum(tl.where(o_l[None, :] <= o_l[:, None], b_g[None, :], 0.0), axis=1)
     b_gram = tl.dot(b_rk, tl.trans(b_rk), input_precision="ieee")  # k_i . k_j, (entries, entries)
     b_C = tl.where(o_l[None, :] < o_l[:, None], tl.exp(b_cum[:, None] - b_cum[None, :]) * b_gram, 0.0)
-    b_N = tl.zeros(b_C.shape, dtype=tl.float32)
-    for j in range(0, cur):
-        pick = o_l == j
-        b_c_j = tl.sum(tl.where(pick[:, None], b_C, 0.0), axis=0)  # row j of C (zero from column j on)
-        beta_j = tl.sum(tl.where(pick, b_beta, 0.0), axis=0)
-        b_N_j = beta_j * (tl.where(pick, 1.0, 0.0) - tl.sum(b_c_j[:, None] * b_N, axis=0))
-        b_N = tl.where(pick[:, None], b_N_j[None, :], b_N)
-    return tl.exp(b_cum), b_N
+    b_A = b_beta[:, None] * b_C
+    b_inv = tl.where(o_l[:, None] == o_l[None, :], 1.0, 0.0) - b_A  # (I - A): the series up to A^1
+    b_pow = b_A
+    for m in tl.static_range(1, 8):  # BLOCK_L up to 256
+        if (1 << m) < o_l.shape[0]:
+            b_pow = tl.dot(b_pow, b_pow, input_precision="ieee")  # A^(2^m)
+            b_inv += tl.dot(b_inv, b_pow, input_precision="ieee")  # times (I + A^(2^m))
+    return tl.exp(b_cum), b_inv * b_beta[None, :]
 
 
 @triton.jit
