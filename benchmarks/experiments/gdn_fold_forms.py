@@ -32,11 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import format_table, streaming_bandwidth, time_graph_per_step  # noqa: E402
-from decode_kernels import GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, Case, StepVariant, check_failure  # noqa: E402
+from decode_kernels import GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, READ_DTYPES, Case, StepVariant, check_failure  # noqa: E402
 
 from replayssm.ops.triton.configs import _GDN_DECODE_MAIN, _GDN_DECODE_MAIN_READ, GDN_READ_COPY_FOLDS, LaunchConfig  # noqa: E402
-
-READ_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _worklist(block, split, warps, per_sm, stages=1):
