@@ -515,7 +515,7 @@ def test_registered_op_and_cuda_graph():
     """The op dispatches to the kernels on CUDA; a captured window of steps replays exactly like eager steps."""
     import replayssm
 
-    _assert_graph_replays_eager(lambda inp, state, rows: replayssm.ops.gdn_step(*inp, *state, rows, True, True, None, None), [1] * 4)
+    _assert_graph_replays_eager(lambda inp, state, rows: replayssm.ops.gdn_step(*inp, *state, rows, True, True, None, None, None), [1] * 4)
 
 
 @pytest.mark.cuda

@@ -44,6 +44,10 @@ _GDN_STATE = ("checkpoint", "ring_k", "ring_d", "ring_g", "cursor", "pending", "
 # ---------------------------------------------------------------------------
 
 
+# The mutated optional arguments (read_checkpoint, ring_beta) carry no defaults on purpose: torch 2.11's
+# ADInplaceOrView kernel for custom ops indexes the mutated arguments positionally, and the dispatcher drops
+# trailing arguments equal to their defaults, so a default there fails every call (IndexError; H200 run,
+# 2026-12-04). Pass None explicitly.
 @torch.library.custom_op("replayssm::mamba2_step", mutates_args=_MAMBA2_STATE)
 def mamba2_step(
     x: Tensor,

@@ -12,7 +12,7 @@ weights launch has a fixed shape. GDN: the replay kernel for T = 1
 (``gdn_replay_config``, block >= 16), the three-launch step's main launch
 (``gdn_main_config``: a T = 1 table for decoding through the three launches,
 ``gdn_decode_launches``, and two T > 1 ones, short and long drafts), its fold launch
-(``gdn_flush_config``: a T = 1 table and a T > 1 one; block >= 16), its weights launch
+(``gdn_flush_config``: T = 1 tables with and without a read copy and a T > 1 one; block >= 16), its weights launch
 (``gdn_weights_config``: warps only), and the conventional one.
 
 The figures behind these choices are in docs/kernels.md (tuning log);
@@ -187,6 +187,17 @@ _GDN_FLUSH = {
 _GDN_DECODE_FLUSH = {
     (128, 128): LaunchConfig(block=16, split=2, num_warps=4, form="worklist", programs_per_sm=3),
 }
+# The same launch when the step reads a 16-bit read copy: the exact fold (GDN_READ_COPY_FOLD) adds a prologue per
+# work item (the ring's Gram matrix and N, 14-15 us of latency on the H200) and 255 registers, so whole heads per
+# program pay it once. benchmarks/experiments/gdn_fold_forms.py --read-dtype bf16, 2026-12-03 22:2x (16/32 / 16/64
+# heads, us per step, staggered / every row folding): the grid form with whole heads 191.9 / 342.9 and 1123 / 2199,
+# against 203.9 / 390.3 and 1723 / 3437 for the fp32 table's work list (4 programs per multiprocessor: 187.7 /
+# 352.5 and 1368 / 2692; one tile per item, split 8: 277.2 / 529.3). The grid form wins where every row folds on
+# the same step, as in generate(). decode_kernels --read-dtype bf16, 2026-12-04 06:30 / 06:35, back to back
+# (staggered / in phase): the work list 204.4 / 209.4 and 391.3 / 393.4, this entry 190.1 / 184.4 and 341.4 / 343.0.
+_GDN_DECODE_FLUSH_READ = {
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
+}
 # Mamba-2 weights launch, one program per (group, row): only num_warps is read. Decoding (T = 1) and
 # verification (T > 1). Shapes missing from the tables get 4 warps (the fixed choice before 2026-12-01).
 # Swept 2026-12-01: decoding 1 / 2 / 4 warps 322.0 / 319.6 / 319.8 us (96x80, one tile per main program; a
@@ -308,9 +319,13 @@ GDN_READ_COPY_FOLDS = ("blocked", "entries")
 GDN_READ_COPY_FOLD = "blocked"
 
 
-def gdn_flush_config(value_dim: int, key_dim: int, num_tokens: int = 2) -> LaunchConfig:
-    """The three-launch step's fold launch: ``_GDN_DECODE_FLUSH`` for T = 1, ``_GDN_FLUSH`` for T > 1."""
-    table = _GDN_DECODE_FLUSH if num_tokens == 1 else _GDN_FLUSH
+def gdn_flush_config(value_dim: int, key_dim: int, num_tokens: int = 2, read_copy: bool = False) -> LaunchConfig:
+    """The three-launch step's fold launch: ``_GDN_DECODE_FLUSH`` for T = 1 (``_GDN_DECODE_FLUSH_READ`` when the
+    step reads a 16-bit read copy), ``_GDN_FLUSH`` for T > 1."""
+    if num_tokens == 1:
+        table = _GDN_DECODE_FLUSH_READ if read_copy else _GDN_DECODE_FLUSH
+    else:
+        table = _GDN_FLUSH
     return _pick(table, value_dim, key_dim, loop=True)
 
 

@@ -1113,7 +1113,7 @@ def _gdn_three_launches(
         **dict(zip(("s_qk_b", "s_qk_h", "s_qk_i", "s_qk_t"), qk.stride()[:4])),
     )  # fmt: skip
     # Every launch's configuration is checked before the first launch: a bad one must not leave a half-done step.
-    fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens)
+    fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens, read_checkpoint is not None)
     wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
     cfg = config or gdn_main_config(value_dim, key_dim, num_tokens, read_checkpoint is not None)
     check_form("_gdn_flush_kernel", fcfg, ("", "worklist", "alongside"))
