@@ -30,7 +30,13 @@ Dynamo's caches (and CUDA graphs) are reset after each captured mode, so the
 next one compiles from scratch. ``--modes`` picks a subset.
 
 Decode is timed as ``--steps`` single-token forwards after a prefill of
-``--prompt`` tokens (prefill not timed), median of ``--repeats``. Per mode:
+``--prompt`` tokens and ``window // 2`` untimed lead steps, median of
+``--repeats``. The lead steps are there because the prefill leaves every ring
+empty, so a row's first fold comes on decode step ``window + 1``: timed from
+the first decode step, 32 steps would hold one fold per row instead of two.
+Started ``window // 2`` steps in, any multiple of the window holds exactly
+``steps / window`` folds per row, the steady-state rate (``meta.timed_folds``
+says how many the timed steps held). Per mode:
 
 * ``tokens_per_s``: batch x steps / median time of the timed steps;
 * ``ms_per_step``: that median time / steps, in ms (= 1000 x batch / tokens_per_s);
@@ -47,8 +53,8 @@ Decode is timed as ``--steps`` single-token forwards after a prefill of
 * ``state_op_share``: kernel time of the recurrent-state op / all kernel time
   of a decode step, not a wall-clock share. Measured after the timing, over
   ``--profile-steps`` extra steps (default: one window, at most ``--steps``,
-  so a replay row's checkpoint fold counts once per window, as in the timed
-  steps; 0 turns the profiler off) under
+  after the same lead steps, so a replay row's checkpoint fold counts once
+  per window, as in the timed steps; 0 turns the profiler off) under
   ``torch.profiler`` (CUDA activity), from a fresh prefill: the sum of the
   durations of the CUDA kernels whose name begins with ``_mamba2_``, ``_gdn_``
   or ``_commit`` (replayssm's Triton kernels; the op launches nothing else)
@@ -195,9 +201,11 @@ def time_decode(
     device: torch.device,
     compile_kwargs: dict | None = None,
     profile_steps: int = 0,
+    lead: int = 0,
 ) -> tuple[float, float | None]:
-    """Median seconds per decode step at ``batch`` rows (``steps`` single-token forwards after an untimed prefill),
-    and the state-op share of ``profile_steps`` further steps (None when not profiled).
+    """Median seconds per decode step at ``batch`` rows (``steps`` single-token forwards after an untimed prefill
+    and ``lead`` untimed steps), and the state-op share of ``profile_steps`` further steps after a prefill and the
+    same lead (None when not profiled).
 
     With ``compile_kwargs``: a static cache, and each step through
     ``torch.compile(model, **compile_kwargs)`` with the ops' value checks off
@@ -214,11 +222,11 @@ def time_decode(
         text_config = model.config.get_text_config(decoder=True)
         previous_checks = replayssm.ops.set_value_checks(False)
     gen = torch.Generator(device="cpu").manual_seed(batch)
-    ids = torch.randint(3, vocab, (batch, prompt + steps + 1), generator=gen).to(device)
+    ids = torch.randint(3, vocab, (batch, prompt + lead + steps + 1), generator=gen).to(device)
 
     # Captured: one static cache for every repeat, reset in place (what a serving loop holds): a new cache
     # would move the tensors the CUDA graphs read, and each repeat would time a re-recording.
-    static_cache = StaticCache(config=text_config, max_cache_len=prompt + steps) if compile_kwargs is not None else None
+    static_cache = StaticCache(config=text_config, max_cache_len=prompt + lead + steps) if compile_kwargs is not None else None
 
     def prefill():
         if static_cache is None:
@@ -230,8 +238,8 @@ def time_decode(
         _sync(device)
         return cache
 
-    def decode(cache, count: int) -> None:
-        for pos in range(prompt, prompt + count):
+    def decode(cache, count: int, start: int = 0) -> None:
+        for pos in range(prompt + start, prompt + start + count):
             position = torch.full((batch, 1), pos, device=device)
             forward(input_ids=ids[:, pos : pos + 1], position_ids=position, **{kw: cache}, use_cache=True, logits_to_keep=1)
         _sync(device)
@@ -242,11 +250,12 @@ def time_decode(
         try:
             for repeat in range(repeats + 1):  # the first run warms up (and compiles)
                 cache = prefill()
+                decode(cache, lead)
                 if cuda:  # the decode steps' own peak, without the prefill's transients (the run's peak kept)
                     run_peak = max(run_peak, torch.cuda.max_memory_allocated(device))
                     torch.cuda.reset_peak_memory_stats(device)
                 start = time.perf_counter()
-                decode(cache, steps)
+                decode(cache, steps, lead)
                 times.append(time.perf_counter() - start)
                 if cuda and repeat:
                     decode_peak = max(decode_peak or 0, torch.cuda.max_memory_allocated(device))
@@ -254,7 +263,8 @@ def time_decode(
             share = kernel_ms = top = launches = None
             if profile_steps:  # after the timing, from a fresh prefill: the profiler never runs during a timed step
                 cache = prefill()
-                kernels = profiled_kernels(lambda: decode(cache, profile_steps))
+                decode(cache, lead)
+                kernels = profiled_kernels(lambda: decode(cache, profile_steps, lead))
                 share = state_op_share(kernels)
                 if kernels:
                     kernel_ms = sum(duration for _, duration in kernels) / 1000 / profile_steps
@@ -374,6 +384,7 @@ def measure_mode(
     device: torch.device,
     compile_kwargs: dict,
     profile_steps: int,
+    lead: int = 0,
 ) -> dict:
     """Patch ``model`` for ``mode`` and measure its decode: tokens/s, ms per step, peak GiB, state-op share."""
     replayssm.unpatch(model)
@@ -389,7 +400,7 @@ def measure_mode(
     profiled = step != "transformers" and device.type == "cuda"  # stock kernels have no names to attribute
     try:
         timed = time_decode(
-            model, batch, prompt, steps, repeats, device, compile_kwargs if captured else None, profile_steps if profiled else 0
+            model, batch, prompt, steps, repeats, device, compile_kwargs if captured else None, profile_steps if profiled else 0, lead
         )
     finally:
         if captured:  # frees this mode's CUDA graphs and keeps dynamo's recompile limit out of the next mode
@@ -503,6 +514,12 @@ def plot(rows: list[dict], assisted: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def folds_per_row(window: int, lead: int, steps: int) -> int:
+    """Folds per replay row in decode steps ``lead + 1 .. lead + steps`` after a prefill (rings empty): a step
+    folds when it finds its row's ring full, on steps ``window + 1``, ``2 window + 1``, ..."""
+    return sum(1 for step in range(lead + 1, lead + steps + 1) if step > window and (step - 1) % window == 0)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("results"))
@@ -538,8 +555,12 @@ def main(argv: list[str] | None = None) -> None:
     prompt = args.prompt or (8 if tiny else 64)
     steps = args.steps or (4 if tiny else 64)
     repeats = args.repeats or (1 if tiny else 5)
-    # the static cache holds prompt + steps tokens, so the profiled steps fit in it
+    # the static cache holds prompt + lead + steps tokens, so the profiled steps fit in it
     profile_steps = min(args.window if args.profile_steps is None else args.profile_steps, steps)
+    lead = args.window // 2  # untimed: the prefill leaves the rings empty (module docstring)
+    timed_folds = folds_per_row(args.window, lead, steps)
+    if steps % args.window:
+        print(f"note: {steps} timed steps are not a multiple of the window ({args.window}): they hold {timed_folds} folds per row", flush=True)
     new_tokens = args.new_tokens or (8 if tiny else 128)
     dtype = torch.float32 if tiny else torch.bfloat16
     modes = tuple(args.modes) if args.modes else MODES + (CAPTURED_MODES if args.captured else ())
@@ -561,6 +582,8 @@ def main(argv: list[str] | None = None) -> None:
         "window": args.window,
         "prompt": prompt,
         "steps": steps,
+        "lead_steps": lead,
+        "timed_folds": timed_folds,
         "repeats": repeats,
         "profile_steps": profile_steps if device.type == "cuda" else 0,
         "modes": list(modes),
@@ -583,7 +606,7 @@ def main(argv: list[str] | None = None) -> None:
             for mode in modes:
                 started = time.perf_counter()
                 try:
-                    figures = measure_mode(model, mode, config, batch, prompt, steps, repeats, device, compile_kwargs, profile_steps)
+                    figures = measure_mode(model, mode, config, batch, prompt, steps, repeats, device, compile_kwargs, profile_steps, lead)
                 except Exception as err:  # one failed mode (the stock model's OOM at batch 256) must not end the run
                     figures = FAILED
                     row["errors"][mode] = _error_line(err)

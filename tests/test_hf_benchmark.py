@@ -99,3 +99,35 @@ def test_read_copy_modes_run(bench, tmp_path):
     for mode in ("replay-read", "replay-read-captured"):
         assert row["tokens_per_s"][mode] > 0
         assert row["ssm_state_gib"][mode] > row["ssm_state_gib"]["replay"]
+
+
+def test_timed_steps_hold_the_steady_state_folds(bench):
+    """generate.py's count of folds per row in the timed steps matches what a patched model does after a
+    prefill (its rings empty), and the lead of window // 2 steps gives ``steps / window`` folds per row."""
+    import torch
+
+    import replayssm
+    from replayssm.integrations.hf import ReplayLayerMixin, testing
+
+    window, prompt, lead, steps = 4, 6, 2, 8
+    model = replayssm.patch(testing.tiny_model("qwen3_5"), replayssm.ReplayConfig(window=window))
+    ids = torch.randint(3, testing.VOCAB, (1, prompt + lead + steps), generator=torch.Generator().manual_seed(3))
+    cache = testing.new_cache(model)
+    with torch.no_grad():
+        kw = {testing.cache_kwarg(model): cache, "use_cache": True}
+        model(input_ids=ids[:, :prompt], **kw)
+        layers = [layer for layer in cache.layers if isinstance(layer, ReplayLayerMixin)]
+        folded_on = []
+        for step in range(1, lead + steps + 1):
+            before = [layer.replay.checkpoint.clone() for layer in layers]
+            pos = prompt + step - 1
+            model(input_ids=ids[:, pos : pos + 1], **kw)
+            changed = [not torch.equal(b, layer.replay.checkpoint) for b, layer in zip(before, layers)]
+            assert len(set(changed)) == 1  # every layer folds on the same step
+            if changed[0]:
+                folded_on.append(step)
+    folds = folded_on
+    assert folds == [s for s in range(1, lead + steps + 1) if s > window and (s - 1) % window == 0] == [5, 9]
+    timed = [s for s in folds if lead < s <= lead + steps]
+    assert len(timed) == bench.folds_per_row(window, lead, steps) == steps // window
+    assert bench.folds_per_row(16, 8, 32) == 2 and bench.folds_per_row(16, 0, 32) == 1 and bench.folds_per_row(16, 8, 64) == 4
