@@ -272,7 +272,8 @@ def _gdn_forms():
     return {
         "tables": {},
         "entries-fold": dict(read_copy_fold="entries"),  # the exact fold entry by entry (configs.GDN_READ_COPY_FOLDS)
-        "worklist-fold": dict(flush_config=LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=1)),
+        "worklist-fold": dict(flush_config=LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=1)),  # half heads
+        "grid-fold": dict(flush_config=LaunchConfig(16, 1, 4)),  # a program per (value head, row)
         "alongside-fold-mma": dict(
             config=LaunchConfig(16, 1, 1, form="mma"), flush_config=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1)
         ),
@@ -316,7 +317,7 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "entries-fold", "worklist-fold", "alongside-fold-mma", "alongside-entries-fold"])
+@pytest.mark.parametrize("form", ["tables", "entries-fold", "worklist-fold", "grid-fold", "alongside-fold-mma", "alongside-entries-fold"])
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
     kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")

@@ -194,9 +194,13 @@ _GDN_DECODE_FLUSH = {
 # against 203.9 / 390.3 and 1723 / 3437 for the fp32 table's work list (4 programs per multiprocessor: 187.7 /
 # 352.5 and 1368 / 2692; one tile per item, split 8: 277.2 / 529.3). The grid form wins where every row folds on
 # the same step, as in generate(). decode_kernels --read-dtype bf16, 2026-12-04 06:30 / 06:35, back to back
-# (staggered / in phase): the work list 204.4 / 209.4 and 391.3 / 393.4, this entry 190.1 / 184.4 and 341.4 / 343.0.
+# (staggered / in phase): the work list 204.4 / 209.4 and 391.3 / 393.4, the grid 190.1 / 184.4 and 341.4 / 343.0.
+# Now a work list of whole heads, 2 programs per multiprocessor: the prologue paid once per head, and no idle
+# programs on the steps where few rows fold. gdn_fold_forms.py --read-dtype bf16, 2026-12-04 11:1x (staggered /
+# in phase / every row folding / none): 179.7 / 175.3 / 1207 / 113.3 and 335.0 / 324.6 / 2366 / 200.8, against
+# the grid's 190.6 / 184.7 / 1122 / 128.5 and 347.9 / 343.3 / 2197 / 229.1 (3 programs per SM: 179.3 / 194.8).
 _GDN_DECODE_FLUSH_READ = {
-    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=4, form="worklist", programs_per_sm=2),
 }
 # Mamba-2 weights launch, one program per (group, row): only num_warps is read. Decoding (T = 1) and
 # verification (T > 1). Shapes missing from the tables get 4 warps (the fixed choice before 2026-12-01).
