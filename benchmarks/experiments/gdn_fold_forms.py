@@ -60,7 +60,7 @@ FOLDS = [
     _worklist(32, 2, 8, 2),
     LaunchConfig(16, 1, 4),
     LaunchConfig(64, 2, 4),
-    # whole-head items and a half-head grid (for the "precomputed" read-copy fold, whose items carry no prologue)
+    # whole-head work lists and a half-head grid (docs/kernels.md runs 31-32; the read copy's table entry is the first)
     _worklist(16, 1, 4, 2),
     _worklist(16, 1, 4, 3),
     LaunchConfig(16, 2, 4),

@@ -198,7 +198,8 @@ _GDN_DECODE_FLUSH = {
 # Now a work list of whole heads, 2 programs per multiprocessor: the prologue paid once per head, and no idle
 # programs on the steps where few rows fold. gdn_fold_forms.py --read-dtype bf16, 2026-12-04 11:1x (staggered /
 # in phase / every row folding / none): 179.7 / 175.3 / 1207 / 113.3 and 335.0 / 324.6 / 2366 / 200.8, against
-# the grid's 190.6 / 184.7 / 1122 / 128.5 and 347.9 / 343.3 / 2197 / 229.1 (3 programs per SM: 179.3 / 194.8).
+# the grid's 190.6 / 184.7 / 1122 / 128.5 and 347.9 / 343.3 / 2197 / 229.1 (3 programs per SM: 179.3 / 194.8;
+# docs/kernels.md run 31).
 _GDN_DECODE_FLUSH_READ = {
     (128, 128): LaunchConfig(block=16, split=1, num_warps=4, form="worklist", programs_per_sm=2),
 }
