@@ -64,6 +64,23 @@ FOLDS = [
     _worklist(16, 1, 4, 2),
     _worklist(16, 1, 4, 3),
     LaunchConfig(16, 2, 4),
+    # the fold launch beside the main launch, finishing its rows ("alongside", docs/kernels.md runs 19 and 33)
+    LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1),
+    LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=2),
+    LaunchConfig(16, 2, 4, form="alongside", programs_per_sm=2),
+    LaunchConfig(16, 2, 4, form="alongside", programs_per_sm=1),
+    # whole heads with the tile loop software-pipelined, and other tile shapes (docs/kernels.md run 33)
+    _worklist(16, 1, 4, 2, stages=2),
+    _worklist(16, 1, 4, 2, stages=3),
+    _worklist(32, 1, 8, 1),
+    _worklist(32, 1, 4, 2),
+    _worklist(16, 1, 8, 1),
+    _worklist(16, 1, 4, 2, stages=4),
+    _worklist(16, 1, 4, 2, stages=5),
+    _worklist(16, 1, 4, 3, stages=3),
+    _worklist(16, 2, 4, 3, stages=3),
+    _worklist(16, 2, 4, 3, stages=4),
+    _worklist(16, 1, 4, 3, stages=4),
 ]
 
 

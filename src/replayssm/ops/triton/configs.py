@@ -199,9 +199,13 @@ _GDN_DECODE_FLUSH = {
 # programs on the steps where few rows fold. gdn_fold_forms.py --read-dtype bf16, 2026-12-04 11:1x (staggered /
 # in phase / every row folding / none): 179.7 / 175.3 / 1207 / 113.3 and 335.0 / 324.6 / 2366 / 200.8, against
 # the grid's 190.6 / 184.7 / 1122 / 128.5 and 347.9 / 343.3 / 2197 / 229.1 (3 programs per SM: 179.3 / 194.8;
-# docs/kernels.md run 31).
+# docs/kernels.md run 31). With the tile loop software-pipelined (3 stages; docs/kernels.md run 33), 2026-12-04
+# 17:46, two passes: 166.4-167.2 / 162.9-163.8 / 1027 and 320.1-320.3 / 302.5-303.4 / 2018-2021, against
+# 178.3-178.7 / 173.2-173.6 / 1189 and 344.4-345.1 / 322.8-323.4 / 2333-2337 on one stage (2 stages 175.7 /
+# 1156, 4-5 stages 177-178 / 1047-1057; 3 per SM on 3 stages 167.1 / 183.3). The fp32 fold gains nothing from
+# stages (187.2-188.7 against 187.2-187.9 us).
 _GDN_DECODE_FLUSH_READ = {
-    (128, 128): LaunchConfig(block=16, split=1, num_warps=4, form="worklist", programs_per_sm=2),
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=4, num_stages=3, form="worklist", programs_per_sm=2),
 }
 # Mamba-2 weights launch, one program per (group, row): only num_warps is read. Decoding (T = 1) and
 # verification (T > 1). Shapes missing from the tables get 4 warps (the fixed choice before 2026-12-01).
