@@ -10,6 +10,7 @@ No timing here: run it under ``ncu`` (the clocks left alone), e.g.
 benchmark's cases, batch 256, window 16, staggered rows). ``--all-fold`` (decode steps): every cursor is
 set to the window before each step, so every row folds (what ``generate()`` does every L steps);
 ``--gdn-fold grid``: a GDN decode step's fold launch in its grid form instead of the table's.
+``--read-dtype bf16`` (decode steps): the steps read a bf16 copy of the checkpoint (SPEC §4).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decode_kernels import GDN_GRID_FOLD, GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, Case, StepVariant  # noqa: E402
+from decode_kernels import GDN_GRID_FOLD, GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, READ_DTYPES, Case, StepVariant  # noqa: E402
 from spec_kernels import SpecCase  # noqa: E402
 
 
@@ -32,12 +33,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--all-fold", action="store_true", help="decode steps on which every row folds")
     ap.add_argument("--gdn-fold", choices=["table", "grid"], default="table", help="a GDN decode step's fold launch")
+    ap.add_argument("--read-dtype", choices=list(READ_DTYPES), help="decode steps read a 16-bit copy of the checkpoint")
     args = ap.parse_args()
-    if args.tokens != 1 and (args.all_fold or args.gdn_fold != "table"):
-        ap.error("--all-fold and --gdn-fold are for decode steps (--tokens 1)")
+    if args.tokens != 1 and (args.all_fold or args.gdn_fold != "table" or args.read_dtype):
+        ap.error("--all-fold, --gdn-fold and --read-dtype are for decode steps (--tokens 1)")
+    if args.read_dtype and args.gdn_fold != "table":
+        ap.error("--gdn-fold grid is the fp32 fold's grid form; with --read-dtype the table's fold runs")
     geometry = GEOMETRIES[args.geometry]
     if args.tokens == 1:
-        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, "cuda")
+        read_dtype = READ_DTYPES[args.read_dtype] if args.read_dtype else None
+        case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, "cuda", read_dtype=read_dtype)
         case.set_phase("staggered")
         config = None
         if args.gdn_fold == "grid":
