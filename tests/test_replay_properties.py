@@ -38,7 +38,11 @@ def _run(family: str, data) -> None:
             rows = data.draw(rows_strategy, label="rows")
             T = 1 if action == "decode" else data.draw(st.integers(1, min(8, window)), label="T")
             y, expected, candidates = pair.step(rows, T, commit=action == "decode")
-            assert rel_err(y, expected) < TOL, (action, rows, T)
+            # Relative to the output, except where the output is itself a cancellation (GDN: q nearly
+            # orthogonal to every k, an output ~1e-5 of its terms), whose fp32 rounding is relative to the
+            # terms: there an absolute RMS floor of 1e-7 (fp32 rounding of O(1) terms) applies instead.
+            err_abs = float((y.double() - expected).norm()) / expected.numel() ** 0.5
+            assert rel_err(y, expected) < TOL or err_abs < 1e-7, (action, rows, T, rel_err(y, expected), err_abs)
             if action == "decode":
                 accept(pair, rows, candidates, [1] * len(rows))
             elif action == "verify":
