@@ -75,6 +75,9 @@ DRY_GEOMETRIES = {
     "gdn-tiny": GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=16),
 }
 HEADLINE_BATCH, HEADLINE_WINDOW = 256, 16
+# GDN with a read copy: the exact fold's form and fold launch the tables held before run 34 (docs/kernels.md),
+# timed beside the table's.
+PREVIOUS_READ_FOLD = ("blocked", LaunchConfig(16, 1, 4, num_stages=3, form="worklist", programs_per_sm=2))
 BATCHES = (1, 8, 32, 64, 128, 256, 512, 1024)
 WINDOWS = (4, 8, 16, 32)
 ACT = torch.bfloat16
@@ -368,13 +371,14 @@ def measure_point(
         row["speedup_read"] = row["conventional_us"] / row["replay_read_us"]
         row["bytes_model_ratio_read"] = read_traffic.conventional / read_traffic.replay
         if not read_case.mamba2:
-            # GDN's exact fold with a copy has two forms (configs.GDN_READ_COPY_FOLDS): the other one, checked and
-            # timed beside the table's.
-            other = next(f for f in GDN_READ_COPY_FOLDS if f != GDN_READ_COPY_FOLD)
-            variant = StepVariant(None, read_fold=other)
+            # GDN's exact fold with a copy has several forms (configs.GDN_READ_COPY_FOLDS): the one the table used
+            # before, on its launch shape, checked and timed beside the table's.
+            other, other_launch = PREVIOUS_READ_FOLD
+            variant = StepVariant(None, 3, flush=other_launch, read_fold=other)
             if failure := check_failure(read_case.check_replay(variant)):
                 raise RuntimeError(f"{name}: the replay step with a read copy, {other} fold, {failure}")
             row["read_fold"], row["read_fold_other"] = GDN_READ_COPY_FOLD, other
+            row["read_fold_other_launch"] = other_launch.as_dict()
             read_case.set_phase("staggered")
             row["replay_read_other_fold_us"] = time_graph_per_step(read_case.replay_steps(variant, via_op=False), repeats)
         del read_case

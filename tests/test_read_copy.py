@@ -272,6 +272,9 @@ def _gdn_forms():
     return {
         "tables": {},
         "entries-fold": dict(read_copy_fold="entries"),  # the exact fold entry by entry (configs.GDN_READ_COPY_FOLDS)
+        "merged-fold": dict(read_copy_fold="merged"),  # the corrections as one product per tile
+        "blocked-tf32x3-fold": dict(read_copy_fold="blocked-tf32x3"),  # the corrections on the tensor cores
+        "merged-tf32x3-fold": dict(read_copy_fold="merged-tf32x3"),
         "worklist-fold": dict(flush_config=LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=1)),  # half heads
         "grid-fold": dict(flush_config=LaunchConfig(16, 1, 4)),  # a program per (value head, row)
         "alongside-fold-mma": dict(
@@ -317,7 +320,11 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "entries-fold", "worklist-fold", "grid-fold", "alongside-fold-mma", "alongside-entries-fold"])
+@pytest.mark.parametrize(
+    "form",
+    ["tables", "entries-fold", "merged-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "worklist-fold", "grid-fold",
+     "alongside-fold-mma", "alongside-entries-fold"],
+)  # fmt: skip
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
     kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
@@ -350,7 +357,7 @@ def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "entries-fold"])
+@pytest.mark.parametrize("form", ["tables", "entries-fold", "merged-fold", "merged-tf32x3-fold"])
 def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
     """The exact fold over a full window-16 ring whose keys nearly align and whose betas are near 1: there
     the coupling between entries is strong, so every power of the blocked form's ``A`` (up to ``A^15``)

@@ -81,6 +81,16 @@ FOLDS = [
     _worklist(16, 2, 4, 3, stages=3),
     _worklist(16, 2, 4, 3, stages=4),
     _worklist(16, 1, 4, 3, stages=4),
+    # two-warp programs, so more of them fit beside each other (docs/kernels.md run 34)
+    _worklist(16, 1, 2, 4, stages=3),
+    _worklist(16, 1, 2, 4),
+    _worklist(16, 1, 2, 3, stages=3),
+    _worklist(16, 2, 2, 4, stages=3),
+    _worklist(16, 1, 2, 6, stages=3),
+    _worklist(16, 1, 2, 4, stages=2),
+    _worklist(16, 2, 2, 4),
+    _worklist(16, 1, 1, 8),
+    _worklist(16, 1, 2, 3),
 ]
 
 

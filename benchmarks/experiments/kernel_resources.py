@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decode_kernels import GEOMETRIES, Case, StepVariant  # noqa: E402
 
 from replayssm.ops.triton import gdn, mamba2  # noqa: E402
-from replayssm.ops.triton.configs import LaunchConfig  # noqa: E402
+from replayssm.ops.triton.configs import GDN_READ_COPY_FOLDS, LaunchConfig  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)  # the H200
 REGISTERS, SHARED, MAX_PROGRAMS, MAX_WARPS = 65536, 227 * 1024, 32, 64
@@ -102,14 +102,17 @@ def _tokens(case: Case, T: int) -> tuple:
     return tuple(torch.cat([p[j] for p in parts], dim=1) for j in range(len(parts[0])))
 
 
-def cases(name: str, geometry, tokens: list[int], batch: int, read_dtype: torch.dtype | None = None):
+def cases(name: str, geometry, tokens: list[int], batch: int, read_dtype: torch.dtype | None = None, read_folds=()):
     """(label, thunk) per step to compile: replay steps by T and variant, and the conventional kernel;
-    with ``read_dtype``, the replay steps read a copy of the checkpoint in it (SPEC §4)."""
+    with ``read_dtype``, the replay steps read a copy of the checkpoint in it (SPEC §4), and GDN's steps
+    are compiled with each of ``read_folds`` (``configs.GDN_READ_COPY_FOLDS``) too."""
     case = Case(geometry, batch, 16, "cpu", read_dtype=read_dtype)
     variants = [("tables", StepVariant(None))]
     if not case.mamba2:
         variants.append(("alongside fold", StepVariant(None, 3, flush=ALONGSIDE)))
         variants.append(("weights dot", StepVariant(None, 3, weights=LaunchConfig(1, 1, 1, form="dot"))))
+        if read_dtype is not None:
+            variants += [(f"read fold {form}", StepVariant(None, 3, read_fold=form)) for form in read_folds]
     else:
         variants.append(("flush launch", StepVariant(None, fold_in_main=False)))  # (the decode table folds in the main launch)
     for T in [1, *tokens]:
@@ -127,6 +130,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--ptx-dir", type=Path, default=None, help="write each launch's PTX (debug lines left out) here")
     ap.add_argument("--read-dtype", choices=["bf16", "fp16"], default=None, help="replay steps with a read copy in this dtype")
+    ap.add_argument("--read-folds", nargs="*", default=[], choices=GDN_READ_COPY_FOLDS, help="with --read-dtype: GDN fold forms to compile too")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("kernel_resources.py compiles the kernels: run it without TRITON_INTERPRET=1")
@@ -137,7 +141,7 @@ def main() -> None:
     rows = []
     for name in args.geometries:
         read_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.read_dtype]
-        for label, step in cases(name, GEOMETRIES[name], args.tokens, args.batch, read_dtype):
+        for label, step in cases(name, GEOMETRIES[name], args.tokens, args.batch, read_dtype, args.read_folds):
             launches.clear()
             step()
             for launch in launches:

@@ -204,8 +204,13 @@ _GDN_DECODE_FLUSH = {
 # 178.3-178.7 / 173.2-173.6 / 1189 and 344.4-345.1 / 322.8-323.4 / 2333-2337 on one stage (2 stages 175.7 /
 # 1156, 4-5 stages 177-178 / 1047-1057; 3 per SM on 3 stages 167.1 / 183.3). The fp32 fold gains nothing from
 # stages (187.2-188.7 against 187.2-187.9 us).
+# Now (run 34) the "merged" fold (GDN_READ_COPY_FOLD) on two-warp programs, 4 per multiprocessor, one stage:
+# gdn_fold_forms.py --read-dtype bf16, 2026-12-04 18:4x, two passes: 162.1-167.7 / 157.4-158.4 / 934-937 and
+# 301.4-311.6 / 290.2-291.1 / 1820-1824 us, against 166.6-168.7 / 163.5-164.7 / 1032-1038 and 309.6-311.6 /
+# 303.6-304.7 / 2020-2026 for "blocked" on the entry before (the blocked fold on two warps: 201-373 us; merged on
+# 2 stages 171-172, on 3 per SM 182, on one warp 198, half heads 179-180; docs/kernels.md run 34).
 _GDN_DECODE_FLUSH_READ = {
-    (128, 128): LaunchConfig(block=16, split=1, num_warps=4, num_stages=3, form="worklist", programs_per_sm=2),
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=2, form="worklist", programs_per_sm=4),
 }
 # Mamba-2 weights launch, one program per (group, row): only num_warps is read. Decoding (T = 1) and
 # verification (T > 1). Shapes missing from the tables get 4 warps (the fixed choice before 2026-12-01).
@@ -324,8 +329,22 @@ def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int, read_copy: bo
 # 255 registers, 2 programs per multiprocessor on sm_90, Triton 3.6) or "entries" (entry by entry, 154
 # registers, 3 programs). decode_kernels.py --read-dtype bf16, 2026-12-03 22:22, H200, batch 256, window 16
 # (GDN 16/32 / 16/64): blocked 203.5 / 391.1 us per step, entries 532.8 / 949.0.
-GDN_READ_COPY_FOLDS = ("blocked", "entries")
-GDN_READ_COPY_FOLD = "blocked"
+# "merged" (the default since run 34): each tile's corrections as one tl.dot with a (keys, entries) factor M formed
+# once per head, on two-warp fold programs (_GDN_DECODE_FLUSH_READ); decode_kernels.py --read-dtype bf16, 2026-12-04
+# 18:46: 161.2 / 299.1 us per step against 167.2 / 313.7 for "blocked" on its 4-warp, 3-stage launch. The "-tf32x3"
+# forms (the corrections' products on the tensor cores, three tf32 products each) lost on every launch shape tried
+# (gdn_fold_forms.py, 18:3x: 196-208 against 166-178 us at 16/32); they stay as forms for the record and the tests.
+GDN_READ_COPY_FOLDS = ("blocked", "entries", "merged", "blocked-tf32x3", "merged-tf32x3")
+GDN_READ_COPY_FOLD = "merged"
+
+
+def gdn_read_copy_fold_constexprs(form: str) -> dict:
+    """A read-copy fold form's kernel constexprs: ``READ_FOLD`` (the algorithm: "blocked", "merged" or
+    "entries") and ``READ_DOT`` (the precision of the corrections' products)."""
+    if form not in GDN_READ_COPY_FOLDS:
+        raise ValueError(f"read_copy_fold must be one of {GDN_READ_COPY_FOLDS}, got {form!r}")
+    algorithm, _, precision = form.partition("-")
+    return dict(READ_FOLD=algorithm, READ_DOT=precision or "ieee")
 
 
 def gdn_flush_config(value_dim: int, key_dim: int, num_tokens: int = 2, read_copy: bool = False) -> LaunchConfig:

@@ -87,6 +87,7 @@ from .configs import (
     gdn_decode_launches,
     gdn_flush_config,
     gdn_main_config,
+    gdn_read_copy_fold_constexprs,
     gdn_replay_config,
     gdn_weights_config,
     replay_overlap,
@@ -228,7 +229,7 @@ def _gdn_flush_kernel(
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD_BLOCKED: tl.constexpr,
+    T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
@@ -263,7 +264,7 @@ def _gdn_flush_kernel(
             s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
             s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
             V, K, L, value_per_key, i_s, i_h, i_b,
-            T, HAS_READ, READ_FOLD_BLOCKED, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
+            T, HAS_READ, READ_FOLD, READ_DOT, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
         )  # fmt: skip
 
 
@@ -319,7 +320,7 @@ def _read_copy_correction(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_
 
 
 @triton.jit
-def _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_exp_cum, b_N_ring):
+def _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_exp_cum, b_N_ring, DOT: tl.constexpr):
     """The exact fold of a checkpoint tile (rows, K) whose ring entries were formed against a read copy.
 
     Each d was formed from ``S k`` read off the copy ``b_C`` (the tile as stored, in fp32), so it is the
@@ -328,8 +329,8 @@ def _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_exp_cum, b_N_r
     (``reference._gdn_read_copy_chain``, which runs this entry by entry). Unrolled, the tile's corrections
     (rows, entries) are ``E = -(D_0 K^T diag(exp(cum))) N^T`` (``_read_copy_correction``): two products
     with the ring's keys and N, then the plain rank-L fold of ``d + e``, all in fp32 (``ieee``)."""
-    b_Q = tl.dot(b_S - b_C, tl.trans(b_rk), input_precision="ieee") * b_exp_cum[None, :]
-    b_E = -tl.dot(b_Q, tl.trans(b_N_ring), input_precision="ieee")
+    b_Q = tl.dot(b_S - b_C, tl.trans(b_rk), input_precision=DOT) * b_exp_cum[None, :]
+    b_E = -tl.dot(b_Q, tl.trans(b_N_ring), input_precision=DOT)
     return fold_tile(b_S, b_decay_f, tl.trans((b_rd + b_E) * b_wf[None, :]), b_rk)
 
 
@@ -361,22 +362,36 @@ def _fold_tile_read_copy_entries(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l
 
 
 @triton.jit
-def _read_copy_fold_inputs(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l, BLOCKED: tl.constexpr):
-    """A value head's inputs of the exact fold with a read copy, in either form: ``(exp(cum), N)``
-    ("blocked") or ``(alpha, beta)`` ("entries")."""
-    if BLOCKED:
-        return _read_copy_correction(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l)
-    else:
+def _read_copy_fold_inputs(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, b_wf, o_l, FORM: tl.constexpr, DOT: tl.constexpr):
+    """A value head's inputs of the exact fold with a read copy, in the launch's form ``FORM``:
+    ``(exp(cum), N)`` ("blocked"), ``(M, unused)`` ("merged") or ``(alpha, beta)`` ("entries").
+
+    "merged" folds the two per-tile products of "blocked" into one: a tile's weighted updates are
+    ``(d + e) * wf = d * wf - D_0 M`` with ``M = K^T diag(exp(cum)) N^T diag(wf)`` (keys, entries),
+    formed here once per (row, value head), so each tile needs one product with M instead of one with
+    the keys and one with N. ``DOT`` is the precision of the correction's products (``ieee`` or
+    ``tf32x3``; the fold's own rank-L product is always ``ieee``)."""
+    if FORM == "entries":
         return _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
+    else:
+        b_exp_cum, b_N = _read_copy_correction(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l)
+        if FORM == "merged":
+            b_R = tl.trans(b_N) * b_exp_cum[:, None] * b_wf[None, :]  # R[j, i] = exp(cum_j) N_ij wf_i
+            return tl.dot(tl.trans(b_rk), b_R, input_precision="ieee"), b_exp_cum
+        else:
+            return b_exp_cum, b_N
 
 
 @triton.jit
-def _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, BLOCKED: tl.constexpr):
+def _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, FORM: tl.constexpr, DOT: tl.constexpr):
     """The exact fold of a tile with a read copy in the launch's form (``_read_copy_fold_inputs``)."""
-    if BLOCKED:
-        return _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1)
-    else:
+    if FORM == "entries":
         return _fold_tile_read_copy_entries(b_S, b_C, b_rd, b_rk, b_in0, b_in1, cur, o_l)
+    elif FORM == "merged":
+        b_U = b_rd * b_wf[None, :] - tl.dot(b_S - b_C, b_in0, input_precision=DOT)  # (rows, entries)
+        return fold_tile(b_S, b_decay_f, tl.trans(b_U), b_rk)
+    else:
+        return _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, DOT)
 
 
 @triton.jit
@@ -385,7 +400,7 @@ def _gdn_fold_head(
     s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, i_s, i_h, i_b,
-    T: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD_BLOCKED: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    T: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_L: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """One fold-launch work item: tile group ``i_s`` of value head ``i_h`` of row ``i_b``, if the row folds."""
@@ -402,7 +417,7 @@ def _gdn_fold_head(
         )
         if HAS_READ:
             b_in0, b_in1 = _read_copy_fold_inputs(
-                p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l, READ_FOLD_BLOCKED
+                p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, b_wf, o_l, READ_FOLD, READ_DOT
             )
         p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
         p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
@@ -413,7 +428,7 @@ def _gdn_fold_head(
             if HAS_READ:
                 p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
                 b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
-                b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD_BLOCKED)
+                b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD, READ_DOT)
                 tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
                 tl.store(p_read_tile, b_S.to(p_read.dtype.element_ty), mask=m_tile)
             else:
@@ -803,7 +818,7 @@ def _gdn_fold_finish_kernel(
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     s_w_b, s_w_h, s_w_t, s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD_BLOCKED: tl.constexpr, BLOCK_V: tl.constexpr,
+    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -849,7 +864,7 @@ def _gdn_fold_finish_kernel(
         )
         if HAS_READ:
             b_in0, b_in1 = _read_copy_fold_inputs(
-                p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l, READ_FOLD_BLOCKED
+                p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, b_wf, o_l, READ_FOLD, READ_DOT
             )
         tl.debug_barrier()  # every thread holds its part of the old keys, decays (and betas) before the count below
         arrived = tl.atomic_add(p_arrive + i_b * (heads // value_per_key) + i_kh, 1, sem="acq_rel")
@@ -886,7 +901,7 @@ def _gdn_fold_finish_kernel(
             if HAS_READ:
                 p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
                 b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
-                b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD_BLOCKED)
+                b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD, READ_DOT)
                 tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
                 b_read = b_S.to(p_read.dtype.element_ty)
                 tl.store(p_read_tile, b_read, mask=m_tile)
@@ -1136,7 +1151,7 @@ def _gdn_three_launches(
     has_read = read_checkpoint is not None
     ring_beta_arg = ring_beta if has_read else ring_g  # (not read without a copy)
     fold_args = dict(
-        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, READ_FOLD_BLOCKED=read_copy_fold == "blocked",
+        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, **gdn_read_copy_fold_constexprs(read_copy_fold),
         p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
         **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads, T=num_tokens,
         USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles, SPLIT=fold_split,
