@@ -333,7 +333,7 @@ def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int, read_copy: bo
 # once per head, on two-warp fold programs (_GDN_DECODE_FLUSH_READ); decode_kernels.py --read-dtype bf16, 2026-12-04
 # 18:46: 161.2 / 299.1 us per step against 167.2 / 313.7 for "blocked" on its 4-warp, 3-stage launch. The "-tf32x3"
 # forms (the corrections' products on the tensor cores, three tf32 products each) lost on every launch shape tried
-# (gdn_fold_forms.py, 18:3x: 196-208 against 166-178 us at 16/32); they stay as forms for the record and the tests.
+# (gdn_fold_forms.py, 18:38: 194-209 against 166-179 us staggered at 16/32); they stay as forms for the record and the tests.
 GDN_READ_COPY_FOLDS = ("blocked", "entries", "merged", "blocked-tf32x3", "merged-tf32x3")
 GDN_READ_COPY_FOLD = "merged"
 
