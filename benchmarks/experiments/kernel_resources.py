@@ -8,7 +8,7 @@ ptxas, and the resources are read from the cubin (``cuobjdump --dump-resource-us
 cases: each geometry's decode step (T = 1) and verify step (``--tokens``), with the tables' launch
 configurations and, for GDN, the fold launch's ``"alongside"`` form and the weights launch's ``"dot"`` form
 (the table's from T = 4), for Mamba-2 the flush launch (the decode table folds in the main launch); the
-conventional kernels. Per launch it prints warps, registers per thread, local (spilled) bytes, shared
+conventional kernels. Per launch it prints warps, registers per thread, the stack frame (where spills go), local bytes, shared
 memory, and the programs per multiprocessor those allow (65,536 registers, 227 KiB of shared memory, 32
 programs and 64 warps per multiprocessor), the occupancy ceiling before the other limits. ``--ptx-dir``
 also writes each launch's PTX without its debug lines, numbered and named by case, so that two checkouts'
@@ -65,8 +65,9 @@ def _resources(kernel) -> dict:
     found = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", usage)
     if found is None:
         raise RuntimeError(f"no resource usage in cuobjdump's output: {usage!r}")
-    regs, _, static_shared, local = map(int, found.groups())
-    return {"registers": regs, "local_bytes": local, "shared_bytes": static_shared + kernel.metadata.shared}
+    regs, stack, static_shared, local = map(int, found.groups())
+    # Register spills land in the stack frame (STACK), not in LOCAL (which counts local arrays).
+    return {"registers": regs, "stack_bytes": stack, "local_bytes": local, "shared_bytes": static_shared + kernel.metadata.shared}
 
 
 def _compile_instead_of_launch(self, *args, grid, warmup, **kwargs):
@@ -152,7 +153,7 @@ def main() -> None:
                     (args.ptx_dir / f"{len(rows):03d}-{safe}-{launch['kernel']}.ptx").write_text(ptx)
                 rows.append({"case": label, **launch})
                 print(f"{label:48s} {launch['kernel']:26s} warps {launch['warps']} stages {launch['stages']}  "
-                      f"registers {launch['registers']:3d}  local {launch['local_bytes']:5d} B  shared {launch['shared_bytes']:6d} B  "
+                      f"registers {launch['registers']:3d}  stack {launch['stack_bytes']:5d} B  local {launch['local_bytes']:5d} B  shared {launch['shared_bytes']:6d} B  "
                       f"-> {launch['programs_per_sm']} programs per SM", flush=True)  # fmt: skip
     if args.out:
         meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "triton": triton.__version__,
