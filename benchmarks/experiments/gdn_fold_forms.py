@@ -18,6 +18,10 @@ With ``--read-dtype bf16`` the steps read a bf16 copy of the checkpoint (SPEC §
 
     PYTHONPATH=src python3 benchmarks/experiments/gdn_fold_forms.py --out $OUT/fold_forms.json
     PYTHONPATH=src python3 benchmarks/experiments/gdn_fold_forms.py --read-dtype bf16 --read-folds blocked entries
+    PYTHONPATH=src python3 benchmarks/experiments/gdn_fold_forms.py --read-dtype bf16 --folds 36 --mains 32x4x1 16x8x1
+
+``--mains`` times each fold launch with each of these main launch shapes (``LaunchConfig(block, split,
+warps)``) instead of the table's.
 """
 
 from __future__ import annotations
@@ -91,15 +95,19 @@ FOLDS = [
     _worklist(16, 2, 2, 4),
     _worklist(16, 1, 1, 8),
     _worklist(16, 1, 2, 3),
+    # beside the main launch with the merged fold's two-warp programs (docs/kernels.md run 35)
+    LaunchConfig(16, 1, 2, form="alongside", programs_per_sm=1),
+    LaunchConfig(16, 1, 2, form="alongside", programs_per_sm=2),
+    LaunchConfig(16, 1, 2, form="alongside", programs_per_sm=4),
 ]
 
 
-def measure(name, fold, repeats, log, read_dtype=None, read_fold=None) -> dict:
+def measure(name, fold, repeats, log, read_dtype=None, read_fold=None, main=None) -> dict:
     geometry = GEOMETRIES[name]
     case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, "cuda", conventional=False, read_dtype=read_dtype)
-    main = (_GDN_DECODE_MAIN_READ if read_dtype is not None else _GDN_DECODE_MAIN)[(geometry.value_dim, geometry.key_dim)]
+    main = main or (_GDN_DECODE_MAIN_READ if read_dtype is not None else _GDN_DECODE_MAIN)[(geometry.value_dim, geometry.key_dim)]
     variant = StepVariant(main, 3, flush=fold, overlap=True, read_fold=read_fold)
-    row = {"geometry": name, "fold": str(fold)}
+    row = {"geometry": name, "fold": str(fold), "main": str(main)}
     if read_dtype is not None:
         row["read_dtype"], row["read_fold"] = str(read_dtype).replace("torch.", ""), read_fold
     try:
@@ -133,7 +141,9 @@ def main() -> None:
     ap.add_argument("--folds", type=int, nargs="+", help="indices into FOLDS (default: all)")
     ap.add_argument("--read-dtype", choices=list(READ_DTYPES), help="steps read a 16-bit copy of the checkpoint")
     ap.add_argument("--read-folds", nargs="+", choices=GDN_READ_COPY_FOLDS, default=["blocked"], help="with --read-dtype")
+    ap.add_argument("--mains", nargs="+", metavar="BLOCKxSPLITxWARPS", help="main launch shapes (default: the table's)")
     args = ap.parse_args()
+    mains = [LaunchConfig(*map(int, m.split("x"))) for m in args.mains] if args.mains else [None]
     folds = [FOLDS[i] for i in args.folds] if args.folds else FOLDS
     read_dtype = READ_DTYPES[args.read_dtype] if args.read_dtype else None
     read_folds = args.read_folds if read_dtype is not None else [None]
@@ -145,9 +155,11 @@ def main() -> None:
         for name in args.geometries:
             for fold in folds if rep % 2 == 0 else folds[::-1]:
                 for read_fold in read_folds:
-                    rows.append({"pass": rep, **measure(name, fold, args.repeats, log, read_dtype, read_fold)})
+                    for main_cfg in mains:
+                        rows.append({"pass": rep, **measure(name, fold, args.repeats, log, read_dtype, read_fold, main_cfg)})
     columns = [
-        ("geometry", "geometry", ""), ("fold", "fold launch", ""), ("read_fold", "read-copy fold", ""), ("pass", "pass", ""), ("staggered_us", "staggered", ".1f"),
+        ("geometry", "geometry", ""), ("fold", "fold launch", ""), ("read_fold", "read-copy fold", ""), ("main", "main launch", ""),
+        ("pass", "pass", ""), ("staggered_us", "staggered", ".1f"),
         ("in_phase_us", "in-phase", ".1f"), ("all_fold_us", "all fold", ".1f"), ("no_fold_us", "no fold", ".1f"),
     ]  # fmt: skip
     print(format_table([r for r in rows if "error" not in r], columns))
