@@ -184,8 +184,13 @@ _GDN_FLUSH = {
 # 2 programs per multiprocessor: 183.6-184.4 / 344.2-344.5 against 187.0-187.2 / 350.9-351.3 in one run; not
 # in the table until the CUDA and HF tests have run with it (verification, T = 4: 386-471 / 728-891 against
 # 337-378 / 632-702, so _GDN_FLUSH keeps the grid).
+# 2026-12-04 (docs/kernels.md run 36): whole heads on two-warp programs, 4 per multiprocessor (213-241 registers, no
+# spills), as the read copy's fold: gdn_fold_forms.py, 19:10, two passes (staggered / in phase / every row folding):
+# 182.3-183.1 / 179.0-180.2 / 506 and 343.1-343.7 / 339.2-340.0 / 980-981 us, against 187.7-189.0 / 181.9-183.0 / 557
+# and 352.5-352.9 / 345.3-345.9 / 1088-1092 for half heads on 4 warps, 3 per SM (half heads on two warps 184.1-184.6;
+# whole heads on two warps, 3 per SM, 192.5-192.7).
 _GDN_DECODE_FLUSH = {
-    (128, 128): LaunchConfig(block=16, split=2, num_warps=4, form="worklist", programs_per_sm=3),
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=2, form="worklist", programs_per_sm=4),
 }
 # The same launch when the step reads a 16-bit read copy: the exact fold (GDN_READ_COPY_FOLD) adds a prologue per
 # work item (the ring's Gram matrix and N, 14-15 us of latency on the H200) and 255 registers, so whole heads per
