@@ -272,7 +272,7 @@ def _gdn_forms():
     return {
         "tables": {},
         "entries-fold": dict(read_copy_fold="entries"),  # the exact fold entry by entry (configs.GDN_READ_COPY_FOLDS)
-        "merged-fold": dict(read_copy_fold="merged"),  # the corrections as one product per tile
+        "blocked-fold": dict(read_copy_fold="blocked"),  # the corrections as two products per tile (the table's "merged": one)
         "blocked-tf32x3-fold": dict(read_copy_fold="blocked-tf32x3"),  # the corrections on the tensor cores
         "merged-tf32x3-fold": dict(read_copy_fold="merged-tf32x3"),
         "worklist-fold": dict(flush_config=LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=1)),  # half heads
@@ -322,7 +322,7 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "form",
-    ["tables", "entries-fold", "merged-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "worklist-fold", "grid-fold",
+    ["tables", "entries-fold", "blocked-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "worklist-fold", "grid-fold",
      "alongside-fold-mma", "alongside-entries-fold"],
 )  # fmt: skip
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
@@ -357,7 +357,7 @@ def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "entries-fold", "merged-fold", "merged-tf32x3-fold"])
+@pytest.mark.parametrize("form", ["tables", "entries-fold", "blocked-fold", "merged-tf32x3-fold"])
 def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
     """The exact fold over a full window-16 ring whose keys nearly align and whose betas are near 1: there
     the coupling between entries is strong, so every power of the blocked form's ``A`` (up to ``A^15``)
@@ -408,6 +408,16 @@ def test_kernel_forms_without_a_read_copy_are_refused():
             q, k, v, g, beta, *_gdn_args(s), torch.arange(2), True, True, None, o=torch.empty_like(v), decode_launches=1,
             read_checkpoint=s.read_checkpoint, ring_beta=s.ring_beta,
         )  # fmt: skip
+    # An unknown fold form is refused before anything is written.
+    s.load([0, 1], torch.randn((2,) + tuple(s.checkpoint.shape[1:]), generator=gen))
+    before = {name: t.clone() for name, t in s.tensors().items()}
+    with pytest.raises(ValueError, match="read_copy_fold must be one of"):
+        kernels_g.gdn_step_out(
+            q, k, v, g, beta, *_gdn_args(s), torch.arange(2), True, True, None, o=torch.empty_like(v),
+            read_checkpoint=s.read_checkpoint, ring_beta=s.ring_beta, read_copy_fold="blocked-bf16",
+        )  # fmt: skip
+    for name, t in s.tensors().items():
+        assert torch.equal(t, before[name]), name
 
 
 # --- on the GPU: capture, and long runs against float64 -----------------------------------------------

@@ -328,7 +328,8 @@ def _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_exp_cum, b_N_r
     ``d_j + e_j``, ``e_j = -beta_j alpha_j D_j k_j`` with ``D_{j+1} = alpha_j D_j + e_j k_j^T``
     (``reference._gdn_read_copy_chain``, which runs this entry by entry). Unrolled, the tile's corrections
     (rows, entries) are ``E = -(D_0 K^T diag(exp(cum))) N^T`` (``_read_copy_correction``): two products
-    with the ring's keys and N, then the plain rank-L fold of ``d + e``, all in fp32 (``ieee``)."""
+    with the ring's keys and N (``DOT``: ``ieee``, or ``tf32x3`` on the tensor cores), then the plain rank-L
+    fold of ``d + e`` in fp32 (``ieee``)."""
     b_Q = tl.dot(b_S - b_C, tl.trans(b_rk), input_precision=DOT) * b_exp_cum[None, :]
     b_E = -tl.dot(b_Q, tl.trans(b_N_ring), input_precision=DOT)
     return fold_tile(b_S, b_decay_f, tl.trans((b_rd + b_E) * b_wf[None, :]), b_rk)
