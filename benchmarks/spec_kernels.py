@@ -200,6 +200,10 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         # by cp.async during this tile's fold; Mamba-2 on 3 since run 21, where 8 warps lost: 505.4 / 563.5 us
         # against 459.1 / 499.1; GDN on 3 tied, 338.2 against 339.3).
         flush = [LaunchConfig(16, 1, 4), LaunchConfig(16, tiles(16), 4), LaunchConfig(16, 1, 4, 2), LaunchConfig(16, 1, 4, 3)]
+        if gdn:
+            # The decode fold's shape since 2026-12-04 (docs/kernels.md run 36): whole heads on two-warp work-list
+            # programs, 4 per multiprocessor (not yet timed for verification).
+            flush.append(LaunchConfig(16, 1, 2, form="worklist", programs_per_sm=4))
         # (Mamba-2's fold as a work list beside the main launch, run 22: 463.2-464.7 / 501.1-502.8 us against
         # 458.9 / 498.1; it lost in decoding too, run 23, and was removed)
         out.append((flush_table, getattr(configs, flush_table), (dim, key_dim), flush))
