@@ -275,6 +275,10 @@ def _gdn_forms():
         "blocked-fold": dict(read_copy_fold="blocked"),  # the corrections as two products per tile (the table's "merged": one)
         "blocked-tf32x3-fold": dict(read_copy_fold="blocked-tf32x3"),  # the corrections on the tensor cores
         "merged-tf32x3-fold": dict(read_copy_fold="merged-tf32x3"),
+        "chunked-fold": dict(read_copy_fold="chunked"),  # merged's sums in key chunks, two passes per tile
+        "chunked-fold-worklist": dict(
+            read_copy_fold="chunked", flush_config=LaunchConfig(16, 2, 2, form="worklist", programs_per_sm=1)
+        ),
         "worklist-fold": dict(flush_config=LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=1)),  # half heads
         "grid-fold": dict(flush_config=LaunchConfig(16, 1, 4)),  # a program per (value head, row)
         "alongside-fold-mma": dict(
@@ -322,14 +326,30 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "form",
-    ["tables", "entries-fold", "blocked-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "worklist-fold", "grid-fold",
-     "alongside-fold-mma", "alongside-entries-fold"],
+    ["tables", "entries-fold", "blocked-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "chunked-fold", "chunked-fold-worklist",
+     "worklist-fold", "grid-fold", "alongside-fold-mma", "alongside-entries-fold"],
 )  # fmt: skip
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
+    geometry = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=32)
+    _gdn_kernels_against_reference_with_read_copy(geometry, read_dtype, device, _gdn_forms()[form])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("key_dim", [48, 64])
+def test_gdn_chunked_read_copy_fold_over_several_key_chunks(key_dim, device):
+    """The "chunked" fold sums over 32-key chunks: two chunks, the second partly masked at key_dim 48."""
+    geometry = GDNGeometry(key_heads=1, value_heads=2, key_dim=key_dim, value_dim=32)
+    _gdn_kernels_against_reference_with_read_copy(geometry, torch.bfloat16, device, dict(read_copy_fold="chunked"))
+
+
+def _gdn_kernels_against_reference_with_read_copy(geometry, read_dtype, device, launch_kwargs):
+    """Decode and verify steps (T = 1, 1, 2, 3, window 4, rows at different ring positions) through the kernels
+    with ``launch_kwargs`` and through the reference, against states that read a copy: outputs and every state
+    tensor compared after each step."""
     kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
     gen = torch.Generator().manual_seed(22)
-    geometry, window, slots = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=32), 4, 4
+    window, slots = 4, 4
     ours, theirs = _pair_of_states(GDNReplayState, geometry, slots, window, read_dtype, device, gen)
     rows = torch.tensor([2, 3, 0], device=device)
     flushes = 0
@@ -343,7 +363,7 @@ def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(
             *inputs, *_gdn_args(ours), rows, commit, True, None, o=o, read_checkpoint=ours.read_checkpoint, ring_beta=ours.ring_beta,
-            **_gdn_forms()[form],
+            **launch_kwargs,
         )
         assert rel_err(o.cpu(), o_ref) < 1e-4
         if not commit:
@@ -357,7 +377,7 @@ def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "entries-fold", "blocked-fold", "merged-tf32x3-fold"])
+@pytest.mark.parametrize("form", ["tables", "entries-fold", "blocked-fold", "merged-tf32x3-fold", "chunked-fold"])
 def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
     """The exact fold over a full window-16 ring whose keys nearly align and whose betas are near 1: there
     the coupling between entries is strong, so every power of the blocked form's ``A`` (up to ``A^15``)
@@ -389,9 +409,10 @@ def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
     assert flushes >= 6
 
 
-def test_kernel_forms_without_a_read_copy_are_refused():
+def test_kernel_forms_a_read_copy_cannot_use_are_refused():
     kernels_m = pytest.importorskip("replayssm.ops.triton.mamba2", reason="needs Triton")
     kernels_g = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
+    from replayssm.ops.triton.configs import LaunchConfig
     gen = torch.Generator().manual_seed(23)
     m = Mamba2ReplayState(MAMBA2, 2, ReplayConfig(window=4, read_dtype=torch.bfloat16))
     p = mamba2_params(MAMBA2, gen)
@@ -415,6 +436,12 @@ def test_kernel_forms_without_a_read_copy_are_refused():
         kernels_g.gdn_step_out(
             q, k, v, g, beta, *_gdn_args(s), torch.arange(2), True, True, None, o=torch.empty_like(v),
             read_checkpoint=s.read_checkpoint, ring_beta=s.ring_beta, read_copy_fold="blocked-bf16",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="no 'chunked' read-copy fold"):
+        kernels_g.gdn_step_out(
+            q, k, v, g, beta, *_gdn_args(s), torch.arange(2), True, True, None, o=torch.empty_like(v),
+            read_checkpoint=s.read_checkpoint, ring_beta=s.ring_beta, read_copy_fold="chunked",
+            flush_config=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1),
         )  # fmt: skip
     for name, t in s.tensors().items():
         assert torch.equal(t, before[name]), name

@@ -99,6 +99,10 @@ FOLDS = [
     LaunchConfig(16, 1, 2, form="alongside", programs_per_sm=1),
     LaunchConfig(16, 1, 2, form="alongside", programs_per_sm=2),
     LaunchConfig(16, 1, 2, form="alongside", programs_per_sm=4),
+    # for the "chunked" read-copy fold (96 registers on 4 warps for sm_90, Triton 3.6: up to 5 per SM; not timed yet)
+    _worklist(16, 1, 4, 5),
+    _worklist(16, 1, 4, 4),
+    _worklist(16, 2, 4, 5),
 ]
 
 

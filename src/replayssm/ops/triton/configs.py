@@ -339,13 +339,16 @@ def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int, read_copy: bo
 # 18:46: 161.2 / 299.1 us per step against 167.2 / 313.7 for "blocked" on its 4-warp, 3-stage launch. The "-tf32x3"
 # forms (the corrections' products on the tensor cores, three tf32 products each) lost on every launch shape tried
 # (gdn_fold_forms.py, 18:38: 194-209 against 166-179 us staggered at 16/32); they stay as forms for the record and the tests.
-GDN_READ_COPY_FOLDS = ("blocked", "entries", "merged", "blocked-tf32x3", "merged-tf32x3")
+# "chunked" (not timed yet): merged's sums over the keys in chunks of 32 columns, in two passes over each tile,
+# so fewer values are live at once (run 33's profile: the copy's fold launch is bound by its operands' layouts and
+# its 255 registers); the fold launch's own form only (not "alongside").
+GDN_READ_COPY_FOLDS = ("blocked", "entries", "merged", "blocked-tf32x3", "merged-tf32x3", "chunked")
 GDN_READ_COPY_FOLD = "merged"
 
 
 def gdn_read_copy_fold_constexprs(form: str) -> dict:
-    """A read-copy fold form's kernel constexprs: ``READ_FOLD`` (the algorithm: "blocked", "merged" or
-    "entries") and ``READ_DOT`` (the precision of the corrections' products)."""
+    """A read-copy fold form's kernel constexprs: ``READ_FOLD`` (the algorithm: "blocked", "merged", "chunked"
+    or "entries") and ``READ_DOT`` (the precision of the corrections' products)."""
     if form not in GDN_READ_COPY_FOLDS:
         raise ValueError(f"read_copy_fold must be one of {GDN_READ_COPY_FOLDS}, got {form!r}")
     algorithm, _, precision = form.partition("-")
