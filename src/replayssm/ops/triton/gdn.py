@@ -377,13 +377,14 @@ def _read_copy_fold_inputs(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg
         return _read_copy_entries(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, o_l)
     else:
         b_exp_cum, b_N = _read_copy_correction(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, o_l)
-        if FORM == "merged":
-            b_R = tl.trans(b_N) * b_exp_cum[:, None] * b_wf[None, :]  # R[j, i] = exp(cum_j) N_ij wf_i
-            return tl.dot(tl.trans(b_rk), b_R, input_precision="ieee"), b_exp_cum
-        elif FORM == "chunked":
-            return tl.trans(b_N) * b_exp_cum[:, None] * b_wf[None, :], b_exp_cum  # R: M = K^T R, chunk by chunk
-        else:
+        if FORM == "blocked":
             return b_exp_cum, b_N
+        else:
+            b_R = tl.trans(b_N) * b_exp_cum[:, None] * b_wf[None, :]  # R[j, i] = exp(cum_j) N_ij wf_i; M = K^T R
+            if FORM == "merged":
+                return tl.dot(tl.trans(b_rk), b_R, input_precision="ieee"), b_exp_cum
+            else:
+                return b_R, b_exp_cum  # "chunked": M formed chunk by chunk
 
 
 @triton.jit
@@ -397,6 +398,13 @@ def _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cu
     else:
         tl.static_assert(FORM != "chunked", "the chunked form folds from memory (_fold_tile_read_copy_chunked)")
         return _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, DOT)
+
+
+@triton.jit
+def _key_chunk(p_ring_keys, o_l, o_kc, m_hist, K, s_rk_l, s_rk_k):
+    """Columns ``o_kc`` of a key head's ring keys, (entries, chunk), in fp32 (zero past the history)."""
+    p_k = p_ring_keys + o_l[:, None] * s_rk_l + o_kc[None, :] * s_rk_k
+    return tl.load(p_k, mask=m_hist[:, None] & (o_kc < K)[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -421,8 +429,7 @@ def _fold_tile_read_copy_chunked(
         m_c = m_v[:, None] & (o_kc < K)[None, :]
         b_S = tl.load(p_rows_ck + o_kc[None, :] * s_ck_k, mask=m_c, other=0.0).to(tl.float32)
         b_C = tl.load(p_rows_read + o_kc[None, :] * s_ck_k, mask=m_c, other=0.0).to(tl.float32)
-        p_k = p_rk_head + o_l[:, None] * s_rk_l + o_kc[None, :] * s_rk_k
-        b_k = tl.load(p_k, mask=m_hist[:, None] & (o_kc < K)[None, :], other=0.0).to(tl.float32)
+        b_k = _key_chunk(p_rk_head, o_l, o_kc, m_hist, K, s_rk_l, s_rk_k)
         b_M = tl.dot(tl.trans(b_k), b_R, input_precision="ieee")  # (chunk, entries)
         b_A += tl.dot(b_S - b_C, b_M, input_precision="ieee")
     b_Ut = tl.trans(_ring_d_slice(p_ring_row_d, o_v, m_v, cur, s_rd_l, s_rd_v, o_l) * b_wf[None, :] - b_A)  # (entries, rows)
@@ -431,9 +438,7 @@ def _fold_tile_read_copy_chunked(
         m_c = m_v[:, None] & (o_kc < K)[None, :]
         p_c = p_rows_ck + o_kc[None, :] * s_ck_k
         b_S = tl.load(p_c, mask=m_c, other=0.0).to(tl.float32)
-        p_k = p_rk_head + o_l[:, None] * s_rk_l + o_kc[None, :] * s_rk_k
-        b_k = tl.load(p_k, mask=m_hist[:, None] & (o_kc < K)[None, :], other=0.0).to(tl.float32)
-        b_S = fold_tile(b_S, b_decay_f, b_Ut, b_k)
+        b_S = fold_tile(b_S, b_decay_f, b_Ut, _key_chunk(p_rk_head, o_l, o_kc, m_hist, K, s_rk_l, s_rk_k))
         tl.store(p_c, b_S.to(p_ck_head.dtype.element_ty), mask=m_c)
         tl.store(p_rows_read + o_kc[None, :] * s_ck_k, b_S.to(p_read_head.dtype.element_ty), mask=m_c)
 
