@@ -202,7 +202,7 @@ def sweep_tables(geometry) -> list[tuple[str, dict, tuple, list]]:
         flush = [LaunchConfig(16, 1, 4), LaunchConfig(16, tiles(16), 4), LaunchConfig(16, 1, 4, 2), LaunchConfig(16, 1, 4, 3)]
         if gdn:
             # The decode fold's shape since 2026-12-04 (docs/kernels.md run 36): whole heads on two-warp work-list
-            # programs, 4 per multiprocessor (not yet timed for verification).
+            # programs, 4 per multiprocessor (_GDN_FLUSH's entry since run 37: 330.6 against 338.1 us for the grid).
             flush.append(LaunchConfig(16, 1, 2, form="worklist", programs_per_sm=4))
         # (Mamba-2's fold as a work list beside the main launch, run 22: 463.2-464.7 / 501.1-502.8 us against
         # 458.9 / 498.1; it lost in decoding too, run 23, and was removed)

@@ -275,10 +275,6 @@ def _gdn_forms():
         "blocked-fold": dict(read_copy_fold="blocked"),  # the corrections as two products per tile (the table's "merged": one)
         "blocked-tf32x3-fold": dict(read_copy_fold="blocked-tf32x3"),  # the corrections on the tensor cores
         "merged-tf32x3-fold": dict(read_copy_fold="merged-tf32x3"),
-        "chunked-fold": dict(read_copy_fold="chunked"),  # merged's sums in key chunks, two passes per tile
-        "chunked-fold-worklist": dict(
-            read_copy_fold="chunked", flush_config=LaunchConfig(16, 2, 2, form="worklist", programs_per_sm=1)
-        ),
         "worklist-fold": dict(flush_config=LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=1)),  # half heads
         "grid-fold": dict(flush_config=LaunchConfig(16, 1, 4)),  # a program per (value head, row)
         "alongside-fold-mma": dict(
@@ -326,8 +322,8 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "form",
-    ["tables", "entries-fold", "blocked-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "chunked-fold", "chunked-fold-worklist",
-     "worklist-fold", "grid-fold", "alongside-fold-mma", "alongside-entries-fold"],
+    ["tables", "entries-fold", "blocked-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "worklist-fold",
+     "grid-fold", "alongside-fold-mma", "alongside-entries-fold"],
 )  # fmt: skip
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
@@ -337,10 +333,10 @@ def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("key_dim", [48, 64])
-def test_gdn_chunked_read_copy_fold_over_several_key_chunks(key_dim, device):
-    """The "chunked" fold sums over 32-key chunks: two chunks, the second partly masked at key_dim 48."""
+def test_gdn_read_copy_fold_at_wider_key_dims(key_dim, device):
+    """The tables' fold at key dims past the other tests' 16: 48 (a partly masked 64-wide key block) and 64."""
     geometry = GDNGeometry(key_heads=1, value_heads=2, key_dim=key_dim, value_dim=32)
-    _gdn_kernels_against_reference_with_read_copy(geometry, torch.bfloat16, device, dict(read_copy_fold="chunked"))
+    _gdn_kernels_against_reference_with_read_copy(geometry, torch.bfloat16, device, {})
 
 
 def _gdn_kernels_against_reference_with_read_copy(geometry, read_dtype, device, launch_kwargs):
@@ -377,7 +373,7 @@ def _gdn_kernels_against_reference_with_read_copy(geometry, read_dtype, device, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "entries-fold", "blocked-fold", "merged-tf32x3-fold", "chunked-fold"])
+@pytest.mark.parametrize("form", ["tables", "entries-fold", "blocked-fold", "merged-tf32x3-fold"])
 def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
     """The exact fold over a full window-16 ring whose keys nearly align and whose betas are near 1: there
     the coupling between entries is strong, so every power of the blocked form's ``A`` (up to ``A^15``)
@@ -436,12 +432,6 @@ def test_kernel_forms_a_read_copy_cannot_use_are_refused():
         kernels_g.gdn_step_out(
             q, k, v, g, beta, *_gdn_args(s), torch.arange(2), True, True, None, o=torch.empty_like(v),
             read_checkpoint=s.read_checkpoint, ring_beta=s.ring_beta, read_copy_fold="blocked-bf16",
-        )  # fmt: skip
-    with pytest.raises(ValueError, match="no 'chunked' read-copy fold"):
-        kernels_g.gdn_step_out(
-            q, k, v, g, beta, *_gdn_args(s), torch.arange(2), True, True, None, o=torch.empty_like(v),
-            read_checkpoint=s.read_checkpoint, ring_beta=s.ring_beta, read_copy_fold="chunked",
-            flush_config=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1),
         )  # fmt: skip
     for name, t in s.tensors().items():
         assert torch.equal(t, before[name]), name

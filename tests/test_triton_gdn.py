@@ -243,6 +243,11 @@ VERIFY_VARIANTS = [
     # the fold launch as a work list: 2 programs (on the CPU) loop over the folding (row, head, tile group) items
     pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=1), None, id="block8-worklist-fold"),
     pytest.param(LaunchConfig(16, 3, 1), LaunchConfig(32, 2, 4, form="worklist", programs_per_sm=1), None, id="block16-worklist-fold-split2"),
+    # the tables' verification shapes: mma main launch, whole heads on two-warp work-list fold programs
+    pytest.param(
+        LaunchConfig(32, 2, 1, num_stages=4, form="mma"), LaunchConfig(16, 1, 2, form="worklist", programs_per_sm=1), None,
+        id="block32-mma-worklist-fold-2w",
+    ),
     # the fold launch beside the main launch ("alongside": it also finishes the rows it folds and appends
     # their keys), per-token and mma main launches, whole and half heads per item
     pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), None, id="block8-alongside-fold"),

@@ -99,7 +99,8 @@ FOLDS = [
     LaunchConfig(16, 1, 2, form="alongside", programs_per_sm=1),
     LaunchConfig(16, 1, 2, form="alongside", programs_per_sm=2),
     LaunchConfig(16, 1, 2, form="alongside", programs_per_sm=4),
-    # for the "chunked" read-copy fold (96 registers on 4 warps for sm_90, Triton 3.6: up to 5 per SM; not timed yet)
+    # four-warp programs, 4-5 per SM, timed for a "chunked" read-copy fold (docs/kernels.md run 37; it lost and
+    # was removed): merged there 174-181 / 326-354 us against 161.6 / 301.1 on two warps (fold 36)
     _worklist(16, 1, 4, 5),
     _worklist(16, 1, 4, 4),
     _worklist(16, 2, 4, 5),

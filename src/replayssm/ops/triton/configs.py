@@ -159,9 +159,11 @@ _GDN_VERIFY = {
 # more entries work; tl.dot: block >= 16). A form with R rows per program ("rows<R>", docs/kernels.md run 9)
 # tied in decoding (201.2 against 204.2 us) and lost in verification (472-495 against 462 us); removed.
 # spec_kernels --sweep 2026-12-02 05:50 (T = 4): a whole head per program 343.3 us, half / quarter heads 348.5 /
-# 363.1, one tile 390.3.
+# 363.1, one tile 390.3. 2026-12-04 20:31 (spec_kernels --sweep, 16/32 heads, 2 of 4): decoding's fold shape since
+# run 36 (whole heads on two-warp work-list programs, 4 per multiprocessor) 330.6 us against 338.1 for the grid
+# form (2 / 3 stages 339.0 / 333.5, one tile per program 383.0); the 16/64 headline moved 620.0 -> 620.4, a tie.
 _GDN_FLUSH = {
-    (128, 128): LaunchConfig(block=16, split=1, num_warps=4),
+    (128, 128): LaunchConfig(block=16, split=1, num_warps=2, form="worklist", programs_per_sm=4),
 }
 # GDN decoding (T = 1): the fold launch as a work list ("worklist": a fixed grid of programs_per_sm programs
 # per multiprocessor, each finding the folding rows with one vector load of the cursors and looping over
@@ -170,7 +172,7 @@ _GDN_FLUSH = {
 # (16/32 / 16/64 heads): 2 programs per multiprocessor 193.9 / 362.0, 194.7 / 362.4 against 200.2 /
 # 361.2, 198.7 / 359.4 for the grid form; staggered rows +2.8% over in-phase against +5.5% (16/32).
 # 3 programs 197.0 / 356.0, pipelined loads (2 stages) 198.0 / 369.4, 32-row 8-warp programs 198.4 / 369.3.
-# In verification (T = 4) it ties or loses (458.3-465.6 against 454.8 us), so _GDN_FLUSH keeps the grid.
+# In verification (T = 4) it tied or lost then (458.3-465.6 against 454.8 us); _GDN_FLUSH took the grid until run 37.
 # Headline 08:41: 193.0 / 366.3 us (grid form at 08:33: 202.0 / 359.7, same 16/64 fold-kernel time). A step
 # on which every row folds costs more with it (637 / 1232 against 508 / 974 us): the few programs then
 # work through every item. 2026-12-01 14:13 (with overlapping launches): items of half a head (split 2: 4 of
@@ -339,16 +341,16 @@ def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int, read_copy: bo
 # 18:46: 161.2 / 299.1 us per step against 167.2 / 313.7 for "blocked" on its 4-warp, 3-stage launch. The "-tf32x3"
 # forms (the corrections' products on the tensor cores, three tf32 products each) lost on every launch shape tried
 # (gdn_fold_forms.py, 18:38: 194-209 against 166-179 us staggered at 16/32); they stay as forms for the record and the tests.
-# "chunked" (not timed yet): merged's sums over the keys in chunks of 32 columns, in two passes over each tile,
-# so fewer values are live at once (run 33's profile: the copy's fold launch is bound by its operands' layouts and
-# its 255 registers); the fold launch's own form only (not "alongside").
-GDN_READ_COPY_FOLDS = ("blocked", "entries", "merged", "blocked-tf32x3", "merged-tf32x3", "chunked")
+# A "chunked" form (merged's sums over 32-key chunks, two passes per tile: 96 registers on 4 warps) lost by 40-50%
+# (gdn_fold_forms.py, 2026-12-04 20:30: 227-262 / 427-540 us against 161-181 / 301-354 for merged on the same
+# launch shapes, 16/32 / 16/64) and was removed (docs/kernels.md run 37).
+GDN_READ_COPY_FOLDS = ("blocked", "entries", "merged", "blocked-tf32x3", "merged-tf32x3")
 GDN_READ_COPY_FOLD = "merged"
 
 
 def gdn_read_copy_fold_constexprs(form: str) -> dict:
-    """A read-copy fold form's kernel constexprs: ``READ_FOLD`` (the algorithm: "blocked", "merged", "chunked"
-    or "entries") and ``READ_DOT`` (the precision of the corrections' products)."""
+    """A read-copy fold form's kernel constexprs: ``READ_FOLD`` (the algorithm: "blocked", "merged" or
+    "entries") and ``READ_DOT`` (the precision of the corrections' products)."""
     if form not in GDN_READ_COPY_FOLDS:
         raise ValueError(f"read_copy_fold must be one of {GDN_READ_COPY_FOLDS}, got {form!r}")
     algorithm, _, precision = form.partition("-")

@@ -229,7 +229,7 @@ def _gdn_flush_kernel(
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, READ_KC: tl.constexpr,
+    T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
@@ -264,7 +264,7 @@ def _gdn_flush_kernel(
             s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
             s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
             V, K, L, value_per_key, i_s, i_h, i_b,
-            T, HAS_READ, READ_FOLD, READ_DOT, READ_KC, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
+            T, HAS_READ, READ_FOLD, READ_DOT, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
         )  # fmt: skip
 
 
@@ -365,8 +365,7 @@ def _fold_tile_read_copy_entries(b_S, b_C, b_rd, b_rk, b_alpha, b_beta, cur, o_l
 @triton.jit
 def _read_copy_fold_inputs(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, b_wf, o_l, FORM: tl.constexpr, DOT: tl.constexpr):
     """A value head's inputs of the exact fold with a read copy, in the launch's form ``FORM``:
-    ``(exp(cum), N)`` ("blocked"), ``(M, unused)`` ("merged"), ``(R, unused)`` with ``M = K^T R``
-    ("chunked", ``_fold_tile_read_copy_chunked``) or ``(alpha, beta)`` ("entries").
+    ``(exp(cum), N)`` ("blocked"), ``(M, exp(cum))`` ("merged") or ``(alpha, beta)`` ("entries").
 
     "merged" folds the two per-tile products of "blocked" into one: a tile's weighted updates are
     ``(d + e) * wf = d * wf - D_0 M`` with ``M = K^T diag(exp(cum)) N^T diag(wf)`` (keys, entries),
@@ -381,10 +380,7 @@ def _read_copy_fold_inputs(p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg
             return b_exp_cum, b_N
         else:
             b_R = tl.trans(b_N) * b_exp_cum[:, None] * b_wf[None, :]  # R[j, i] = exp(cum_j) N_ij wf_i; M = K^T R
-            if FORM == "merged":
-                return tl.dot(tl.trans(b_rk), b_R, input_precision="ieee"), b_exp_cum
-            else:
-                return b_R, b_exp_cum  # "chunked": M formed chunk by chunk
+            return tl.dot(tl.trans(b_rk), b_R, input_precision="ieee"), b_exp_cum
 
 
 @triton.jit
@@ -396,51 +392,7 @@ def _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cu
         b_U = b_rd * b_wf[None, :] - tl.dot(b_S - b_C, b_in0, input_precision=DOT)  # (rows, entries)
         return fold_tile(b_S, b_decay_f, tl.trans(b_U), b_rk)
     else:
-        tl.static_assert(FORM != "chunked", "the chunked form folds from memory (_fold_tile_read_copy_chunked)")
         return _fold_tile_read_copy(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, DOT)
-
-
-@triton.jit
-def _key_chunk(p_ring_keys, o_l, o_kc, m_hist, K, s_rk_l, s_rk_k):
-    """Columns ``o_kc`` of a key head's ring keys, (entries, chunk), in fp32 (zero past the history)."""
-    p_k = p_ring_keys + o_l[:, None] * s_rk_l + o_kc[None, :] * s_rk_k
-    return tl.load(p_k, mask=m_hist[:, None] & (o_kc < K)[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _fold_tile_read_copy_chunked(
-    p_ck_head, p_read_head, p_ring_row_d, p_rk_head, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_rk_l, s_rk_k,
-    b_R, b_wf, b_decay_f, o_l, V, K, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KC: tl.constexpr,
-):  # fmt: skip
-    """The merged exact fold of one tile in the "chunked" form: the same sums, taken over the keys in chunks
-    of ``BLOCK_KC`` columns in two passes, so that no (rows, keys) block and no (entries, keys) block is held
-    whole. Pass 1 sums each chunk's ``(S - C)_c M_c`` (``M_c = K_c^T R``, formed per chunk) into the
-    tile's (rows, entries) corrections; pass 2 folds ``d * wf - D_0 M`` into each chunk and stores it in
-    both copies. Each chunk of the tile and of the ring's keys is loaded in both passes (the second from
-    cache)."""
-    o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    m_v = o_v < V
-    m_hist = o_l < cur
-    p_rows_ck = p_ck_head + o_v[:, None].to(tl.int64) * s_ck_v
-    p_rows_read = p_read_head + o_v[:, None].to(tl.int64) * s_ck_v
-    b_A = tl.zeros((BLOCK_V, o_l.shape[0]), dtype=tl.float32)  # (rows, entries): D_0 M
-    for c in range(0, BLOCK_K, BLOCK_KC):
-        o_kc = c + tl.arange(0, BLOCK_KC)
-        m_c = m_v[:, None] & (o_kc < K)[None, :]
-        b_S = tl.load(p_rows_ck + o_kc[None, :] * s_ck_k, mask=m_c, other=0.0).to(tl.float32)
-        b_C = tl.load(p_rows_read + o_kc[None, :] * s_ck_k, mask=m_c, other=0.0).to(tl.float32)
-        b_k = _key_chunk(p_rk_head, o_l, o_kc, m_hist, K, s_rk_l, s_rk_k)
-        b_M = tl.dot(tl.trans(b_k), b_R, input_precision="ieee")  # (chunk, entries)
-        b_A += tl.dot(b_S - b_C, b_M, input_precision="ieee")
-    b_Ut = tl.trans(_ring_d_slice(p_ring_row_d, o_v, m_v, cur, s_rd_l, s_rd_v, o_l) * b_wf[None, :] - b_A)  # (entries, rows)
-    for c in range(0, BLOCK_K, BLOCK_KC):
-        o_kc = c + tl.arange(0, BLOCK_KC)
-        m_c = m_v[:, None] & (o_kc < K)[None, :]
-        p_c = p_rows_ck + o_kc[None, :] * s_ck_k
-        b_S = tl.load(p_c, mask=m_c, other=0.0).to(tl.float32)
-        b_S = fold_tile(b_S, b_decay_f, b_Ut, _key_chunk(p_rk_head, o_l, o_kc, m_hist, K, s_rk_l, s_rk_k))
-        tl.store(p_c, b_S.to(p_ck_head.dtype.element_ty), mask=m_c)
-        tl.store(p_rows_read + o_kc[None, :] * s_ck_k, b_S.to(p_read_head.dtype.element_ty), mask=m_c)
 
 
 @triton.jit
@@ -449,7 +401,7 @@ def _gdn_fold_head(
     s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, i_s, i_h, i_b,
-    T: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, READ_KC: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    T: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_L: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """One fold-launch work item: tile group ``i_s`` of value head ``i_h`` of row ``i_b``, if the row folds."""
@@ -473,21 +425,14 @@ def _gdn_fold_head(
         for i_v in range(i_s, NUM_TILES, SPLIT):
             if HAS_READ:
                 p_read_head = p_read + slot * s_ck_s + i_h64 * s_ck_h
-                if READ_FOLD == "chunked":
-                    _fold_tile_read_copy_chunked(
-                        p_ck_head, p_read_head, p_ring_row_d, p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h, i_v, cur,
-                        s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_rk_l, s_rk_k, b_in0, b_wf, b_decay_f, o_l, V, K,
-                        BLOCK_V, BLOCK_K, READ_KC,
-                    )  # fmt: skip
-                else:
-                    o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
-                        p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
-                    )
-                    p_read_tile = p_read_head + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
-                    b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
-                    b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD, READ_DOT)
-                    tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
-                    tl.store(p_read_tile, b_S.to(p_read.dtype.element_ty), mask=m_tile)
+                o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
+                    p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+                )
+                p_read_tile = p_read_head + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
+                b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
+                b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD, READ_DOT)
+                tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
+                tl.store(p_read_tile, b_S.to(p_read.dtype.element_ty), mask=m_tile)
             else:
                 o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
                     p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
@@ -878,7 +823,7 @@ def _gdn_fold_finish_kernel(
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     s_w_b, s_w_h, s_w_t, s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, READ_KC: tl.constexpr, BLOCK_V: tl.constexpr,
+    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -1203,8 +1148,6 @@ def _gdn_three_launches(
     fold_tiles, fold_split = _tiles(value_dim, fcfg)
     # "alongside": the fold launch after the weights launch, beside the main launch (docs/kernels.md run 19)
     alongside = fcfg.form == "alongside"
-    if alongside and read_checkpoint is not None and read_copy_fold == "chunked":
-        raise ValueError("_gdn_fold_finish_kernel: the 'alongside' fold launch has no 'chunked' read-copy fold (it keeps the folded tiles in registers)")
     work_list = fcfg.form in ("worklist", "alongside")
     flush_grid = (worklist_grid(v.device, batch * value_heads * fold_split, fcfg),) if work_list else (fold_split, value_heads, batch)
     arrive = torch.empty(batch, key_heads, dtype=torch.int32, device=v.device) if alongside else pos
@@ -1213,7 +1156,7 @@ def _gdn_three_launches(
     has_read = read_checkpoint is not None
     ring_beta_arg = ring_beta if has_read else ring_g  # (not read without a copy)
     fold_args = dict(
-        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, **gdn_read_copy_fold_constexprs(read_copy_fold), READ_KC=min(32, block_k),
+        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, **gdn_read_copy_fold_constexprs(read_copy_fold),
         p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
         **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads, T=num_tokens,
         USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles, SPLIT=fold_split,
