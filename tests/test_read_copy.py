@@ -408,7 +408,6 @@ def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
 def test_kernel_forms_a_read_copy_cannot_use_are_refused():
     kernels_m = pytest.importorskip("replayssm.ops.triton.mamba2", reason="needs Triton")
     kernels_g = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
-    from replayssm.ops.triton.configs import LaunchConfig
     gen = torch.Generator().manual_seed(23)
     m = Mamba2ReplayState(MAMBA2, 2, ReplayConfig(window=4, read_dtype=torch.bfloat16))
     p = mamba2_params(MAMBA2, gen)
