@@ -1,17 +1,23 @@
 #!/bin/bash
 # One GPU session's runs, in parts that each fit a 10-minute call; every part writes under OUT.
 #
-#   bash benchmarks/run_gpu.sh kernels OUT   # CUDA tests of the kernels, decode and spec headline tables (--sweep)
-#   bash benchmarks/run_gpu.sh sweeps OUT    # decode batch/window and spec T/batch sweeps
-#   bash benchmarks/run_gpu.sh hf OUT        # CUDA tests of the HF path, generate.py (all modes, batches, assisted)
-#   bash benchmarks/run_gpu.sh quality OUT   # quality.py on both checkpoints
+#   bash benchmarks/run_gpu.sh gdn-tests OUT     # CUDA tests of the GDN kernels, with and without a read copy
+#   bash benchmarks/run_gpu.sh mamba2-tests OUT  # CUDA tests of the Mamba-2 kernels, with and without a read copy
+#   bash benchmarks/run_gpu.sh kernels OUT       # decode and spec headline tables (--sweep)
+#   bash benchmarks/run_gpu.sh sweeps OUT        # decode batch/window and spec T/batch sweeps
+#   bash benchmarks/run_gpu.sh hf-tests OUT      # CUDA tests of the HF path
+#   bash benchmarks/run_gpu.sh hf OUT            # generate.py (all modes, batches, assisted)
+#   bash benchmarks/run_gpu.sh quality OUT       # quality.py on both checkpoints
+#
+# The GDN and HF test limits come from their durations on the H200 on 2026-12-04, with some margin; the other
+# parts keep earlier limits. Each part's limits add up to less than the lent machine's 600 s per call.
 #
 # Run from the repository root with PYTHONPATH=src (nothing is installed on the GPU machine); on the lent
 # machine, which returns at most 8 files, write to a scratch folder and tar it into $OUT. Each step
 # has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
 # JSON go to OUT/<step>/ as they are written.
 set -u
-part=${1:?part: kernels, sweeps, hf or quality}
+part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf or quality}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -24,9 +30,17 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output
     tail -n 25 "$out/$name.log"
 }
 case $part in
+gdn-tests)  # 2026-12-04: 215 s (41 tests) + 53 s (21) + 103 s (26)
+    step gdn-verify-tests 260 python3 -m pytest -q tests/test_triton_gdn.py -k "cuda and (verify or mma or snapshot or dot_forms)"
+    step gdn-other-tests 120 python3 -m pytest -q tests/test_triton_gdn.py -k "cuda and not (verify or mma or snapshot or dot_forms)"
+    step gdn-read-copy-tests 180 python3 -m pytest -q tests/test_read_copy.py -k "cuda and gdn"
+    ;;
+mamba2-tests)
+    step mamba2-tests 240 python3 -m pytest -q tests/test_triton_mamba2.py -k cuda
+    step mamba2-read-copy-tests 180 python3 -m pytest -q tests/test_read_copy.py -k "cuda and not gdn"
+    step overlap-tests 120 python3 -m pytest -q tests/test_triton_launch_overlap.py
+    ;;
 kernels)
-    step gdn-tests 240 python3 -m pytest -q tests/test_triton_gdn.py  # about 3 min on the H200 (2026-12-02)
-    step mamba2-tests 180 python3 -m pytest -q tests/test_triton_mamba2.py
     step decode 210 python3 benchmarks/decode_kernels.py --out "$out/decode" --headline-only --sweep --breakdown --repeats 8
     step spec 180 python3 benchmarks/spec_kernels.py --out "$out/spec" --headline-only --sweep --breakdown --accept half all --repeats 8
     ;;
@@ -34,8 +48,11 @@ sweeps)  # the batch / window / T sweeps with the launch tables as they are
     step decode-sweeps 280 python3 benchmarks/decode_kernels.py --out "$out/decode-sweeps" --repeats 5
     step spec-sweeps 300 python3 benchmarks/spec_kernels.py --out "$out/spec-sweeps" --repeats 5
     ;;
+hf-tests)  # test_hf_cuda.py about 7 min on 2026-12-04 (inductor compiles; its last test alone 108 s)
+    step hf-tests 470 python3 -m pytest -q tests/test_hf_cuda.py
+    step hf-conv-tests 110 python3 -m pytest -q tests/test_hf_conv.py -m cuda
+    ;;
 hf)
-    step hf-tests 360 python3 -m pytest -q tests/test_hf_cuda.py tests/test_hf_conv.py -m cuda  # about 5-6 min (inductor compiles)
     step generate-qwen 240 python3 benchmarks/generate.py --out "$out/generate-qwen" --models qwen3_5-like --captured --steps 32 --repeats 3
     step generate-nemotron 230 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --captured --steps 32 --repeats 3
     ;;
@@ -45,7 +62,7 @@ quality)
     step quality-qwen 300 python3 benchmarks/quality.py --checkpoint checkpoints/qwen3_5_small --device cuda --out "$out/quality-qwen" --configs $configs
     ;;
 *)
-    echo "unknown part $part: kernels, sweeps, hf or quality" >&2
+    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf or quality" >&2
     exit 2
     ;;
 esac
