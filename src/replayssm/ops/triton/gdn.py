@@ -81,7 +81,6 @@ from .common import (
 )
 from .configs import (
     GDN_READ_COPY_FOLD,
-    GDN_READ_COPY_FOLDS,
     LaunchConfig,
     gdn_conventional_config,
     gdn_decode_launches,
@@ -423,20 +422,16 @@ def _gdn_fold_head(
         p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
         p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
         for i_v in range(i_s, NUM_TILES, SPLIT):
+            o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
+                p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+            )
             if HAS_READ:
-                p_read_head = p_read + slot * s_ck_s + i_h64 * s_ck_h
-                o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
-                    p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
-                )
-                p_read_tile = p_read_head + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
+                p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
                 b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
                 b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD, READ_DOT)
                 tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
                 tl.store(p_read_tile, b_S.to(p_read.dtype.element_ty), mask=m_tile)
             else:
-                o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
-                    p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
-                )
                 b_S = fold_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk)
                 tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
 
@@ -1072,13 +1067,11 @@ def gdn_step_out(
         raise ValueError("gdn_step_out: the single decode kernel has no read copy; pass decode_launches=3 with read_checkpoint")
     if (read_checkpoint is None) != (ring_beta is None):
         raise ValueError("gdn_step_out: ring_beta goes with read_checkpoint (the exact fold of a copy needs it): pass both or neither")
-    read_copy_fold = read_copy_fold or GDN_READ_COPY_FOLD
-    if read_copy_fold not in GDN_READ_COPY_FOLDS:
-        raise ValueError(f"gdn_step_out: read_copy_fold must be one of {GDN_READ_COPY_FOLDS}, got {read_copy_fold!r}")
+    read_fold = gdn_read_copy_fold_constexprs(read_copy_fold or GDN_READ_COPY_FOLD)  # (checks the name)
     if num_tokens > 1 or decode_launches == 3:
         _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config,
-            weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint, ring_beta, read_copy_fold,
+            weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint, ring_beta, read_fold,
         )  # fmt: skip
         return
     window = ring_k.shape[1]
@@ -1112,7 +1105,7 @@ def gdn_step_out(
 def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config, overlap: bool, read_checkpoint: Tensor | None,
-    ring_beta: Tensor | None, read_copy_fold: str,
+    ring_beta: Tensor | None, read_fold: dict,
 ) -> None:  # fmt: skip
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -1156,7 +1149,7 @@ def _gdn_three_launches(
     has_read = read_checkpoint is not None
     ring_beta_arg = ring_beta if has_read else ring_g  # (not read without a copy)
     fold_args = dict(
-        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, **gdn_read_copy_fold_constexprs(read_copy_fold),
+        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, **read_fold,
         p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
         **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads, T=num_tokens,
         USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles, SPLIT=fold_split,
