@@ -8,16 +8,21 @@
 #   bash benchmarks/run_gpu.sh hf-tests OUT      # CUDA tests of the HF path
 #   bash benchmarks/run_gpu.sh hf OUT            # generate.py (all modes, batches, assisted)
 #   bash benchmarks/run_gpu.sh quality OUT       # quality.py on both checkpoints
+#   bash benchmarks/run_gpu.sh copy-verify OUT   # GDN with a bf16 read copy: its CUDA tests, then verify and decode timed
 #
 # The GDN and HF test limits come from their durations on the H200 on 2026-12-04, with some margin; the other
 # parts keep earlier limits. Each part's limits add up to less than the lent machine's 600 s per call.
+#
+# fla's GDN kernel (the decode benchmark's second baseline) is not on the GPU machine: download its wheel into an
+# ignored .whl/ (the device README's `pip download` line, fla-core), carry .whl, and start the call with
+# `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site`.
 #
 # Run from the repository root with PYTHONPATH=src (nothing is installed on the GPU machine); on the lent
 # machine, which returns at most 8 files, write to a scratch folder and tar it into $OUT. Each step
 # has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
 # JSON go to OUT/<step>/ as they are written.
 set -u
-part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf or quality}
+part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality or copy-verify}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -61,8 +66,13 @@ quality)
     step quality-nemotron 270 python3 benchmarks/quality.py --checkpoint checkpoints/nemotron_h_small --device cuda --out "$out/quality-nemotron" --configs $configs
     step quality-qwen 300 python3 benchmarks/quality.py --checkpoint checkpoints/qwen3_5_small --device cuda --out "$out/quality-qwen" --configs $configs
     ;;
+copy-verify)  # GDN verification with a copy reads the checkpoint since 2026-12-04 (docs/ops.md): not yet timed
+    step gdn-read-copy-tests 180 python3 -m pytest -q tests/test_read_copy.py -k "cuda and gdn"
+    step spec-gdn-read-bf16 220 python3 benchmarks/spec_kernels.py --out "$out/spec-read" --geometries gdn-16x32x128x128 gdn-16x64x128x128 --headline-only --accept half all random --read-dtype bf16 --repeats 8
+    step decode-gdn-read-bf16 150 python3 benchmarks/decode_kernels.py --out "$out/decode-read" --geometries gdn-16x32x128x128 gdn-16x64x128x128 --headline-only --read-dtype bf16 --repeats 8
+    ;;
 *)
-    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf or quality" >&2
+    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality or copy-verify" >&2
     exit 2
     ;;
 esac

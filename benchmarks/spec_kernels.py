@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import replayssm  # noqa: E402
-from replayssm import Mamba2Geometry  # noqa: E402
+from replayssm import GDNGeometry, Mamba2Geometry  # noqa: E402
 from replayssm.ops import reference  # noqa: E402
 from replayssm.ops.triton import gdn as gdn_kernels  # noqa: E402
 from replayssm.ops.triton import mamba2 as mamba2_kernels  # noqa: E402
@@ -307,10 +307,16 @@ def measure(name, geometry, batch, T, accept, bw, repeats, breakdown=False, comp
         if failure := check_failure(read_check):
             raise RuntimeError(f"{name}: the verify step with a read copy {failure}")
         read_us = time_graph_per_step(case.replay_steps(), repeats)
-        # Rows that do not flush read the copy; a flushing row's fold reads the fp32 checkpoint and writes both
-        # copies (as traffic.decode_traffic counts a decode step's flush).
         copy = per["state"] // 4 * _size(read_dtype)
-        read_bytes = (STEPS * batch * (copy + T * per["entry"] + per["io"]) + reads * per["entry"] + flushes * 2 * per["state"]) / STEPS
+        if isinstance(geometry, GDNGeometry):
+            # GDN's verification reads the fp32 checkpoint even with a copy (docs/ops.md, "Read copy"): the fp32
+            # path's bytes, plus the copy written at each fold and each entry's beta (4 bytes per value head).
+            beta_bytes = T * STEPS * batch * geometry.value_heads * 4
+            read_bytes = replay_bytes + (flushes * copy + beta_bytes) / STEPS
+        else:
+            # Rows that do not flush read the copy; a flushing row's fold reads the fp32 checkpoint and writes both
+            # copies (as traffic.decode_traffic counts a decode step's flush).
+            read_bytes = (STEPS * batch * (copy + T * per["entry"] + per["io"]) + reads * per["entry"] + flushes * 2 * per["state"]) / STEPS
         read = {
             "read_dtype": str(read_dtype).replace("torch.", ""), "replay_read_us": read_us, "speedup_read": snapshot_us / read_us,
             "replay_read_floor_us": read_bytes / bw * 1e6, "replay_read_pct_floor": 100 * read_bytes / bw * 1e6 / read_us,

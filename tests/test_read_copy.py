@@ -23,9 +23,10 @@ MAMBA2 = Mamba2Geometry(heads=4, head_dim=8, state_size=16, groups=2)
 GDN = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=16)
 
 
-def _twin(state):
-    """A state without a read copy whose checkpoint is the read copy's values (in fp32), rings and
-    cursors copied: its outputs are what reading the copy must give, for rows that do not fold."""
+def _twin(state, reads="copy"):
+    """A state without a read copy whose checkpoint is the read copy's values (in fp32; ``reads="checkpoint"``:
+    the checkpoint's), rings and cursors copied: its outputs are what reading that copy must give, for rows
+    that do not fold."""
     config = ReplayConfig(window=state.window)
     twin = type(state)(state.geometry, state.slots, config) if isinstance(state, GDNReplayState) else type(state)(
         state.geometry, state.slots, config, activation_dtype=state.activation_dtype
@@ -33,7 +34,7 @@ def _twin(state):
     for name, t in state.tensors().items():
         if name not in ("read_checkpoint", "ring_beta"):
             getattr(twin, name).copy_(t)
-    twin.checkpoint.copy_(state.read_checkpoint.float())
+    twin.checkpoint.copy_((state.read_checkpoint if reads == "copy" else state.checkpoint).float())
     return twin
 
 
@@ -77,35 +78,47 @@ def test_mamba2_outputs_read_the_copy_and_the_recurrence_stays_exact(read_dtype)
 
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_gdn_reads_the_copy_for_both_products_and_the_recurrence_stays_exact(read_dtype):
-    """Outputs and corrected updates come from the copy (S q and S k), so each ring d is the update of the
-    state the steps read; the fold (and ``materialize``) corrects them with the ring's betas, so the
-    recurrence stays within 1e-5 of the float64 one (SPEC §4), across flushes and verification."""
+    """Decoding's outputs and corrected updates come from the copy (S q and S k), so each ring d is the update
+    of the state the steps read; the fold (and ``materialize``) corrects them with the ring's betas, so the
+    recurrence stays within 1e-5 of the float64 one (SPEC §4), across flushes and verification.
+
+    Verification (T > 1) reads the checkpoint: its d are exact and stored with beta +0. A row whose ring
+    ends in decode steps' entries folds first (their corrections need the fold)."""
     window, slots = 4, 3
     pair, state = _loaded_pair(GDNPair, GDN, slots, window, read_dtype, seed=12, scale=0.3)
-    flushes, drift = 0, 0.0
-    for step in range(5 * window):
-        T = 1 if step % 3 else 3
+    flushes, transition_folds, drift, reads = 0, 0, 0.0, {"copy": 0, "checkpoint": 0}
+    for step in range(8 * window):
+        T = (1, 3, 3, 1, 2, 3)[step % 6]
         rows = [1, 2, 0]
-        folding = [int(state.cursor[r]) + T > window for r in rows]
+        ends_with_copy = [int(state.cursor[r]) > 0 and bool(state.ring_beta[r, int(state.cursor[r]) - 1].any()) for r in rows]
+        full = [int(state.cursor[r]) + T > window for r in rows]
+        folding = [f or (T > 1 and e) for f, e in zip(full, ends_with_copy)]
         flushes += sum(folding)
-        twin = _twin(state)
+        transition_folds += sum(fo and not f for fo, f in zip(folding, full))
+        twins = {"copy": _twin(state), "checkpoint": _twin(state, reads="checkpoint")}
         q, k, v, g, beta = gdn_inputs(GDN, 3, T, torch.Generator().manual_seed(step))
-        o_twin = twin.step(q, k, v, g, beta, rows=rows, commit=False, use_qk_l2norm=True)
+        o_twin = {name: twin.step(q, k, v, g, beta, rows=rows, commit=False, use_qk_l2norm=True) for name, twin in twins.items()}
         pair.gen.manual_seed(step)
         o, expected, candidates = pair.step(rows, T, commit=False)
         for b, folds in enumerate(folding):
+            c = int(state.cursor[rows[b]])
+            assert int(c == 0) >= int(folds)  # a folding row's entries start at 0
+            # beta +0 exactly where the step read the checkpoint (verification)
+            assert bool(state.ring_beta[rows[b], c : c + T].any()) == (T == 1)
             if not folds:
-                assert torch.equal(o[b], o_twin[b])
-                # the pending d entries too: S k came from the copy
-                c = int(state.cursor[rows[b]])
-                assert torch.equal(state.ring_d[rows[b], c : c + T], twin.ring_d[rows[b], c : c + T])
+                read = "copy" if T == 1 else "checkpoint"
+                reads[read] += 1
+                assert torch.equal(o[b], o_twin[read][b])
+                # the pending d entries too: S k came from the state read
+                assert torch.equal(state.ring_d[rows[b], c : c + T], twins[read].ring_d[rows[b], c : c + T])
         assert rel_err(o, expected) < 3e-2
         accepted = [T, 1, 0]
         state.commit(accepted, rows)
         accept(pair, rows, candidates, accepted)
         assert torch.equal(state.read_checkpoint, state.checkpoint.to(read_dtype))
         drift = max(drift, rel_err(state.materialize(), pair.naive.state))
-    assert flushes >= 4
+    assert flushes >= 4 and transition_folds >= 2, (flushes, transition_folds)
+    assert min(reads.values()) >= 3, reads
     assert drift < 1e-5, drift
 
 
@@ -370,6 +383,65 @@ def _gdn_kernels_against_reference_with_read_copy(geometry, read_dtype, device, 
         # them still lands within 1e-4 (3.5e-5 with an fp16 copy); the kernels' own differences are 5e-7.
         _compare_states(ours, theirs, 1e-4, checkpoint_tol=5e-6)
     assert flushes >= 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["tables", "grid-fold", "alongside-fold-mma"])
+def test_gdn_verification_with_a_copy_reads_the_checkpoint_and_folds_plainly(form, device):
+    """Verification with a copy reads the checkpoint. After decode steps (entries formed against the copy;
+    one row's value head 0 with beta exactly 0, stored as -0), the first verify step folds every row whose
+    ring ends in such entries, exactly; from then on every entry is exact (beta +0) and every fold plain.
+    The kernels match the reference with the copy throughout, and from the first verify step on their
+    outputs and state match the same kernels without a copy (T = 2..4, random accepted counts, window 8)."""
+    kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
+    gen = torch.Generator().manual_seed(24)
+    geometry, window, slots = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=32), 8, 3
+    ours, theirs = _pair_of_states(GDNReplayState, geometry, slots, window, torch.bfloat16, device, gen)
+    rows = torch.tensor([2, 0, 1], device=device)
+    launch = _gdn_forms()[form]
+
+    def step(inputs, commit):
+        o_ref = ref.gdn_step(*(t.cpu() for t in inputs), *_gdn_args(theirs), rows.cpu(), commit, True, None, theirs.read_checkpoint, theirs.ring_beta)
+        o = torch.full_like(inputs[2], float("nan"))
+        kernels.gdn_step_out(
+            *inputs, *_gdn_args(ours), rows, commit, True, None, o=o, read_checkpoint=ours.read_checkpoint, ring_beta=ours.ring_beta, **launch
+        )
+        assert rel_err(o.cpu(), o_ref) < 1e-4
+        _compare_states(ours, theirs, 1e-4, checkpoint_tol=5e-6)
+        return o
+
+    for _ in range(2):  # decode steps: entries formed against the copy
+        q, k, v, g, beta = gdn_inputs(geometry, 3, 1, gen)
+        beta[0, :, 0] = 0.0  # row 2, value head 0: a beta of 0, stored as -0 (the mark)
+        step(tuple(t.to(device) for t in (q, k, v, g, beta)), True)
+    assert torch.signbit(ours.ring_beta[2, int(ours.cursor[2]) - 1, 0]).item()
+    ends_with_copy = (ours.cursor[rows] > 0).cpu()
+    assert bool(ends_with_copy.all())
+    plain = GDNReplayState(geometry, slots, ReplayConfig(window=window), device=device)  # the same kernels, no copy
+    for i in range(6 * window):
+        T = 2 + i % 3
+        inputs = tuple(t.to(device) for t in gdn_inputs(geometry, 3, T, gen))
+        o = step(inputs, False)
+        if i == 0:
+            # Every row ended in decode entries, so every row folded (exactly) first; the twin starts here.
+            assert bool((ours.cursor[rows] == 0).all())
+            for name, t in ours.tensors().items():
+                if name not in ("read_checkpoint", "ring_beta"):
+                    getattr(plain, name).copy_(t)
+        else:
+            o_plain = torch.full_like(inputs[2], float("nan"))
+            kernels.gdn_step_out(*inputs, *_gdn_args(plain), rows, False, True, None, o=o_plain, **launch)
+            assert rel_err(o, o_plain) < 1e-6
+        # every committed and pending entry is exact now: beta +0 (no -0 marks)
+        for r in rows.tolist():
+            live = ours.ring_beta[r, : int(ours.cursor[r]) + int(ours.pending[r])]
+            assert not bool(live.any()) and not bool(torch.signbit(live).any())
+        accepted = torch.randint(0, T + 1, (3,), generator=gen)
+        ours.commit(accepted.to(device), rows)
+        theirs.commit(accepted, rows.cpu())
+        plain.commit(accepted.to(device), rows)
+        assert rel_err(ours.checkpoint, plain.checkpoint) < 1e-6
+        assert rel_err(ours.materialize(), plain.materialize()) < 1e-6
 
 
 @pytest.mark.parametrize("device", DEVICES)

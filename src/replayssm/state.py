@@ -379,9 +379,10 @@ class GDNReplayState(ReplayState):
     key_dim)`` (normalised keys, fp32 unless ``config.ring_dtype``); ring_d
     ``(slots, L, value_heads, value_dim)`` and ring_g ``(slots, L,
     value_heads)`` fp32; cursor and pending ``(slots,)`` int32. With a read
-    copy also ring_beta ``(slots, L, value_heads)`` fp32: each entry's beta,
-    which the exact fold needs to correct its d (zero once a partial fold
-    has made that d exact; ``ops.gdn_step``).
+    copy also ring_beta ``(slots, L, value_heads)`` fp32: each decode entry's
+    beta (-0 for 0), which the exact fold needs to correct its d; +0 for an
+    exact d (a verify step's, or one a partial fold has settled;
+    ``ops.gdn_step``).
     """
 
     _ring_names = ("ring_k", "ring_d", "ring_g")

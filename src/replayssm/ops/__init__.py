@@ -241,13 +241,16 @@ def gdn_step(
     updates of the T tokens solve the unit lower-triangular system of SPEC §3.
     Returns o ``(batch, T, value_heads, value_dim)`` in v's dtype.
 
-    ``read_checkpoint``: as for ``mamba2_step``. Both reads of the state
-    (``S q`` for the output and ``S k`` for the corrected update) come from
-    the copy, so each d is the update of the state the steps read. With a
-    copy, ``ring_beta`` ``(slots, window, value_heads)`` fp32, laid out like
-    ring_g (mutated; None without a copy) keeps each entry's beta, and the
-    fold corrects every d by the gap between checkpoint and copy (SPEC §4:
-    the copy never feeds the recurrence; docs/ops.md, "Read copy").
+    ``read_checkpoint``: as for ``mamba2_step``. In decoding (T = 1) both
+    reads of the state (``S q`` for the output and ``S k`` for the corrected
+    update) come from the copy, so each d is the update of the state the
+    steps read. With a copy, ``ring_beta`` ``(slots, window, value_heads)``
+    fp32, laid out like ring_g (mutated; None without a copy) keeps each
+    entry's beta, and the fold corrects every d by the gap between
+    checkpoint and copy (SPEC §4: the copy never feeds the recurrence).
+    Verification (T > 1) reads the checkpoint instead, storing beta +0 with
+    its exact d, after folding rows whose ring ends in decode entries
+    (docs/ops.md, "Read copy").
     """
     _checks.check_gdn_step(
         q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint, ring_beta

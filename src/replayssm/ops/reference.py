@@ -337,6 +337,20 @@ def gdn_settle_ring(
     ring_beta[rows] = torch.where(valid[..., None], 0.0, ring_beta[rows])
 
 
+def _gdn_ends_with_copy_entry(ring_beta: Tensor, rows: Tensor, cursor: Tensor) -> Tensor:
+    """Whether each row's last committed ring entry (``cursor - 1``) was formed against the read copy,
+    ``(batch,)`` bool: its stored beta (value head 0) is not +0. An exact entry stores +0; one formed
+    against the copy stores its beta, and -0 for a beta of 0 (numerically the same, but marked)."""
+    last = ring_beta[rows, (cursor - 1).clamp(min=0), 0]
+    return (cursor > 0) & ((last != 0) | torch.signbit(last))
+
+
+def _gdn_copy_beta(beta: Tensor) -> Tensor:
+    """The betas stored with entries formed against the read copy: beta, -0 for 0 (the mark of
+    ``_gdn_ends_with_copy_entry``)."""
+    return torch.where(beta == 0, torch.full_like(beta, -0.0), beta)
+
+
 def _gdn_prepare_qk(q: Tensor, k: Tensor, use_qk_l2norm: bool, scale: float | None, cd: torch.dtype) -> tuple[Tensor, Tensor]:
     q, k = q.to(cd), k.to(cd)
     if use_qk_l2norm:
@@ -378,12 +392,17 @@ def gdn_step(
     ring_k_r, ring_d_r, ring_g_r = ring_k[rows].to(cd), ring_d[rows].to(cd), ring_g[rows].to(cd)
     state = checkpoint[rows].to(cd)
 
-    # 1. rows whose ring cannot take T more entries fold their committed part.
+    # 1. rows whose ring cannot take T more entries fold their committed part. Verification with a read
+    #    copy reads the checkpoint (docs/ops.md, "Read copy"): its d are then exact, so a row whose ring
+    #    ends in entries formed against the copy (decode steps') folds first, as their correction needs.
+    exact_reads = read_checkpoint is not None and num_tokens > 1
     flush = c + num_tokens > window
+    if exact_reads:
+        flush = flush | _gdn_ends_with_copy_entry(ring_beta, rows, c)
     if bool(flush.any()):
         if read_checkpoint is None:
             folded = _gdn_fold(state, ring_k_r, ring_d_r, ring_g_r, _ring_valid(c, window).to(cd))
-        else:  # the ring's d were formed against the copy: the exact fold corrects them
+        else:  # the ring's d may have been formed against the copy: the exact fold corrects them
             folded, _ = _gdn_read_copy_chain(
                 state, read_checkpoint[rows].to(cd), ring_k_r, ring_d_r, ring_g_r, ring_beta[rows].to(cd), _ring_valid(c, window)
             )
@@ -391,6 +410,8 @@ def gdn_step(
         c = torch.where(flush, torch.zeros_like(c), c)
     elif read_checkpoint is not None:
         state = read_checkpoint[rows].to(cd)
+    if exact_reads:  # the checkpoint as stored
+        state = checkpoint[rows].to(cd)
 
     # 2. outputs. Sequence = committed ring entries, then the T new tokens whose
     #    corrected updates d_t are solved for in order (unit lower-triangular).
@@ -418,7 +439,9 @@ def gdn_step(
     d_t = seq_d[:, window:]
 
     # 3. append the T entries past the committed cursor.
-    entries = [(ring_k, k_t), (ring_d, d_t), (ring_g, g_t)] + ([(ring_beta, beta_t)] if ring_beta is not None else [])
+    entries = [(ring_k, k_t), (ring_d, d_t), (ring_g, g_t)]
+    if ring_beta is not None:  # an exact entry's beta is +0: the fold takes its d as it is
+        entries.append((ring_beta, torch.zeros_like(beta_t) if exact_reads else _gdn_copy_beta(beta_t)))
     _append(rows, c, commit, cursor, pending, *entries)
     return o.to(v.dtype).contiguous()
 

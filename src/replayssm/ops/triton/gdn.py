@@ -72,6 +72,7 @@ from .common import (
     next_pow2,
     overlap_launches,
     pdl_launch_options,
+    rank_rows,
     store_cast,
     suffix_sums,
     uses_float64,
@@ -221,6 +222,50 @@ def _gdn_replay_kernel(
 
 
 @triton.jit
+def _ends_with_copy_entry(p_ring_beta, slot, cur, s_rg_s, s_rg_l):
+    """Whether a row's last committed ring entry (``cur - 1``) was formed against the read copy: its stored
+    beta (value head 0) is not +0 (``reference._gdn_ends_with_copy_entry``). Elementwise: ``slot`` and
+    ``cur`` may be scalars or vectors of rows."""
+    b_last = tl.load(p_ring_beta + slot * s_rg_s + tl.maximum(cur - 1, 0) * s_rg_l, mask=cur > 0, other=0.0)
+    return (cur > 0) & (b_last.to(tl.int32, bitcast=True) != 0)
+
+
+@triton.jit
+def _copy_beta(b_beta):
+    """The betas stored with entries formed against the read copy, in fp32: beta, -0 for 0
+    (``reference._gdn_copy_beta``)."""
+    b_beta = b_beta.to(tl.float32)
+    return tl.where(b_beta == 0.0, -0.0, b_beta)
+
+
+@triton.jit
+def _row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, T, L, EXACT_READS: tl.constexpr):
+    """A row's cursor and whether it folds before this step: its ring cannot take T more entries, or
+    (``EXACT_READS``: verification with a read copy, which reads the checkpoint) it ends in entries formed
+    against the copy, whose correction the step's exact reads cannot carry."""
+    cur = tl.load(p_cursor + slot)
+    folds = cur + T > L
+    if EXACT_READS:
+        folds = folds | _ends_with_copy_entry(p_ring_beta, slot, cur, s_rg_s, s_rg_l)
+    return cur, folds
+
+
+@triton.jit
+def _gdn_folding_rows(p_rows, p_cursor, p_ring_beta, s_rg_s, s_rg_l, batch, T, L, BLOCK_B: tl.constexpr, EXACT_READS: tl.constexpr):
+    """``common.folding_rows`` with ``_row_folds``' decision."""
+    if EXACT_READS:
+        o_b = tl.arange(0, BLOCK_B)
+        m_b = o_b < batch
+        b_slot = tl.load(p_rows + o_b, mask=m_b, other=0).to(tl.int64)
+        b_cur = tl.load(p_cursor + b_slot, mask=m_b, other=0)
+        b_fold = m_b & ((b_cur + T > L) | _ends_with_copy_entry(p_ring_beta, b_slot, b_cur, s_rg_s, s_rg_l))
+        b_rank, n_fold = rank_rows(b_fold)
+        return o_b, b_fold, b_rank, n_fold
+    else:
+        return folding_rows(p_rows, p_cursor, batch, T, L, BLOCK_B)
+
+
+@triton.jit
 def _gdn_flush_kernel(
     p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_ring_beta, p_cursor, p_rows,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k,
@@ -229,7 +274,7 @@ def _gdn_flush_kernel(
     s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, batch, heads,
     T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
+    EXACT_READS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 1: rows whose ring cannot take the T new entries (``cursor + T > L``) fold it,
@@ -244,12 +289,14 @@ def _gdn_flush_kernel(
     that launch waits before the only thing it does that this one could see (its append).
 
     ``HAS_READ``: the fold is the exact one of a ring formed against the read copy ``p_read``
-    (``_fold_tile_read_copy``, which needs the ring's betas ``p_ring_beta``), and it is also stored, rounded
-    from fp32, into the copy (SPEC §4).
+    (``_fold_tile_read_copy``, which needs the ring's betas ``p_ring_beta``), or the plain one for a value
+    head whose entries are all exact (beta 0), and it is also stored, rounded from fp32, into the copy
+    (SPEC §4). ``EXACT_READS`` (verification with a copy): rows whose ring ends in entries formed against
+    the copy fold too (``_row_folds``).
     """
     allow_next_launch(USE_PDL)
     if WORKLIST:
-        o_b, b_fold, b_rank, n_fold = folding_rows(p_rows, p_cursor, batch, T, L, BLOCK_B)
+        o_b, b_fold, b_rank, n_fold = _gdn_folding_rows(p_rows, p_cursor, p_ring_beta, s_rg_s, s_rg_l, batch, T, L, BLOCK_B, EXACT_READS)
         items, first, stride = n_fold * heads * SPLIT, tl.program_id(0), tl.num_programs(0)
     else:
         items, first, stride = 1, 0, 1
@@ -263,7 +310,7 @@ def _gdn_flush_kernel(
             s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
             s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
             V, K, L, value_per_key, i_s, i_h, i_b,
-            T, HAS_READ, READ_FOLD, READ_DOT, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
+            T, HAS_READ, READ_FOLD, READ_DOT, EXACT_READS, BLOCK_V, BLOCK_K, BLOCK_L, NUM_TILES, SPLIT,
         )  # fmt: skip
 
 
@@ -400,13 +447,18 @@ def _gdn_fold_head(
     s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, i_s, i_h, i_b,
-    T: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_L: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+    T: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, EXACT_READS: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """One fold-launch work item: tile group ``i_s`` of value head ``i_h`` of row ``i_b``, if the row folds."""
+    """One fold-launch work item: tile group ``i_s`` of value head ``i_h`` of row ``i_b``, if the row folds
+    (``_row_folds``).
+
+    With a read copy, a value head whose entries all have beta 0 (exact d: verification's, which read the
+    checkpoint) takes the plain fold, which neither reads the copy nor forms corrections, and stores
+    both; any other the exact one."""
     slot = tl.load(p_rows + i_b).to(tl.int64)
-    cur = tl.load(p_cursor + slot)
-    if cur + T > L:
+    cur, folds = _row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, T, L, EXACT_READS)
+    if folds:
         i_kh = i_h // value_per_key
         i_h64, i_kh64 = i_h.to(tl.int64), i_kh.to(tl.int64)
         o_k = tl.arange(0, BLOCK_K)
@@ -415,25 +467,58 @@ def _gdn_fold_head(
         b_rk, b_wf, b_decay_f = _fold_weights(
             p_ring_k, p_ring_g, slot, i_h64, i_kh64, cur, s_rk_s, s_rk_l, s_rk_h, s_rk_k, s_rg_s, s_rg_l, s_rg_h, o_k, m_k, o_l
         )
-        if HAS_READ:
-            b_in0, b_in1 = _read_copy_fold_inputs(
-                p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, b_wf, o_l, READ_FOLD, READ_DOT
-            )
-        p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
-        p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
-        for i_v in range(i_s, NUM_TILES, SPLIT):
-            o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
-                p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
-            )
-            if HAS_READ:
-                p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
-                b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
-                b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD, READ_DOT)
-                tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
-                tl.store(p_read_tile, b_S.to(p_read.dtype.element_ty), mask=m_tile)
+        if HAS_READ:  # the plain fold where every entry's d is exact (beta 0), else the exact one
+            b_beta = tl.load(p_ring_beta + slot * s_rg_s + i_h64 * s_rg_h + o_l * s_rg_l, mask=o_l < cur, other=0.0)
+            if tl.max(tl.abs(b_beta), axis=0) == 0.0:
+                _fold_head_tiles(
+                    p_ckpt, p_read, p_ring_d, p_ring_g, p_ring_beta, slot, i_h64, cur, i_s, b_rk, b_wf, b_decay_f, o_k, m_k, o_l,
+                    s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h, V,
+                    True, False, READ_FOLD, READ_DOT, BLOCK_V, NUM_TILES, SPLIT,
+                )  # fmt: skip
             else:
-                b_S = fold_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk)
-                tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
+                _fold_head_tiles(
+                    p_ckpt, p_read, p_ring_d, p_ring_g, p_ring_beta, slot, i_h64, cur, i_s, b_rk, b_wf, b_decay_f, o_k, m_k, o_l,
+                    s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h, V,
+                    True, True, READ_FOLD, READ_DOT, BLOCK_V, NUM_TILES, SPLIT,
+                )  # fmt: skip
+        else:
+            _fold_head_tiles(
+                p_ckpt, p_read, p_ring_d, p_ring_g, p_ring_beta, slot, i_h64, cur, i_s, b_rk, b_wf, b_decay_f, o_k, m_k, o_l,
+                s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h, V,
+                False, False, READ_FOLD, READ_DOT, BLOCK_V, NUM_TILES, SPLIT,
+            )  # fmt: skip
+
+
+@triton.jit
+def _fold_head_tiles(
+    p_ckpt, p_read, p_ring_d, p_ring_g, p_ring_beta, slot, i_h64, cur, i_s, b_rk, b_wf, b_decay_f, o_k, m_k, o_l,
+    s_ck_s, s_ck_h, s_ck_v, s_ck_k, s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h, V,
+    HAS_READ: tl.constexpr, CORRECT: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, BLOCK_V: tl.constexpr,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Fold tiles ``i_s, i_s + SPLIT, ...`` of one (row, value head) and store them, into the copy too
+    (``HAS_READ``); ``CORRECT``: the exact fold of a ring formed against the copy (``_fold_read_copy_tile``),
+    else the plain rank-L one."""
+    if CORRECT:
+        b_in0, b_in1 = _read_copy_fold_inputs(
+            p_ring_g, p_ring_beta, slot, i_h64, cur, s_rg_s, s_rg_l, s_rg_h, b_rk, b_wf, o_l, READ_FOLD, READ_DOT
+        )
+    p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
+    p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
+    for i_v in range(i_s, NUM_TILES, SPLIT):
+        o_v, _, p_tile, m_tile, b_S, b_rd = _load_tile_ring(
+            p_ck_head, p_ring_row_d, i_v, cur, s_ck_v, s_ck_k, s_rd_l, s_rd_v, o_k, m_k, o_l, V, BLOCK_V
+        )
+        if HAS_READ:
+            p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
+        if CORRECT:
+            b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
+            b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD, READ_DOT)
+        else:
+            b_S = fold_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk)
+        tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
+        if HAS_READ:
+            tl.store(p_read_tile, b_S.to(p_read.dtype.element_ty), mask=m_tile)
 
 
 @triton.jit
@@ -449,12 +534,12 @@ def _gdn_weights_kernel(
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     K, L, value_per_key, scale,
     T: tl.constexpr, L2NORM: tl.constexpr, USE_PDL: tl.constexpr, ALONGSIDE: tl.constexpr, HAS_READ: tl.constexpr,
-    BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    EXACT_READS: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     RING_DOT: tl.constexpr = False, BLOCK_M: tl.constexpr = 16,
 ):  # fmt: skip
     """Verification launch 2, one program per (key head, row): the main launch's weights, and the append.
 
-    With c the row's committed entries after launch 1 (0 if it folded), ``suffix_i`` the log-decays
+    With c the row's committed entries after launch 1 (0 if it folded: ``_row_folds``), ``suffix_i`` the log-decays
     of ring entries i+1..c-1 and ``cum_t`` those of the new tokens up to t, for each value head j of
     the key head and token t, into ``w[b, j, t]`` (``2L + 2T + 1`` entries): at i < L the ring weights
     of r, ``exp(suffix_i + cum_t) k_i.k_t`` (zero for i >= c); at L + i those of o (``k_i.q_t``); at
@@ -485,14 +570,15 @@ def _gdn_weights_kernel(
     counts ``arrive[row, key head]`` are zeroed.
 
     ``HAS_READ`` (a read copy): the betas are appended too, into ``p_ring_beta`` (ring_g's strides), for
-    the exact fold.
+    the exact fold (-0 for a beta of 0: ``reference._gdn_copy_beta``); ``EXACT_READS`` (verification with
+    a copy, which the main launch reads off the checkpoint): +0, the d being exact.
     """
     allow_next_launch(USE_PDL)
     i_kh, i_b = tl.program_id(0), tl.program_id(1)
     i_kh64, i_b64 = i_kh.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
-    cur = tl.load(p_cursor + slot)
-    c_eff = tl.where(cur + T > L, 0, cur)
+    cur, folds = _row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, T, L, EXACT_READS)
+    c_eff = tl.where(folds, 0, cur)
     o_k = tl.arange(0, BLOCK_K)
     o_l = tl.arange(0, BLOCK_L)
     o_t = tl.arange(0, BLOCK_T)
@@ -570,11 +656,11 @@ def _gdn_weights_kernel(
     # not fold (the fold launch appends for the others).
     if ALONGSIDE:
         # (tokens,) by a vector compare: the interpreter turns a bool block & a scalar compare into int32
-        b_appends = (cur + T + o_t * 0) <= L
+        b_appends = (tl.where(folds, 1, 0) + o_t * 0) == 0
         m_tk = m_tk & b_appends[:, None]
         m_jt = m_jt & b_appends[None, :]
         tl.store(p_arrive + i_b * tl.num_programs(0) + i_kh, 0)
-        pos = tl.where(cur + T <= L, cur, -1 - cur)
+        pos = tl.where(folds, -1 - cur, cur)
     else:
         wait_for_previous_launch(USE_PDL)
         pos = c_eff
@@ -585,7 +671,10 @@ def _gdn_weights_kernel(
     p_rg_new = slot * s_rg_s + (c_eff + o_t[None, :]) * s_rg_l + o_h[:, None] * s_rg_h
     tl.store(p_ring_g + p_rg_new, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt)
     if HAS_READ:
-        b_beta = tl.load(p_beta + i_b64 * s_beta_b + o_t[None, :] * s_beta_t + o_h[:, None] * s_beta_h, mask=m_jt, other=0.0)
+        if EXACT_READS:
+            b_beta = tl.zeros((BLOCK_J, BLOCK_T), dtype=tl.float32)
+        else:
+            b_beta = _copy_beta(tl.load(p_beta + i_b64 * s_beta_b + o_t[None, :] * s_beta_t + o_h[:, None] * s_beta_h, mask=m_jt, other=0.0))
         tl.store(p_ring_beta + p_rg_new, b_beta.to(p_ring_beta.dtype.element_ty), mask=m_jt)
     tl.store(p_pos + i_b, pos, mask=i_kh == 0)
 
@@ -818,8 +907,9 @@ def _gdn_fold_finish_kernel(
     s_rd_s, s_rd_l, s_rd_h, s_rd_v, s_rg_s, s_rg_l, s_rg_h,
     s_w_b, s_w_h, s_w_t, s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     V, K, L, value_per_key, batch, heads,
-    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr,
+    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr,
+    EXACT_READS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """The fold launch of the ``"alongside"`` form, launched after the weights launch and before the main
@@ -840,8 +930,9 @@ def _gdn_fold_finish_kernel(
     launch before it ends, so whatever follows the op sees this launch's writes.
 
     ``HAS_READ``: the fold is the exact one of a ring formed against the read copy ``p_read``
-    (``_fold_tile_read_copy``), it is also stored in the copy, the tokens read that (SPEC §4), and the new
-    betas are appended with the log-decays.
+    (``_fold_tile_read_copy``; zero corrections for exact entries), it is also stored in the copy, the
+    tokens read that (SPEC §4), and the new betas are appended with the log-decays. ``EXACT_READS``
+    (verification with a copy): the tokens read the checkpoint instead, and their betas are +0.
     """
     wait_for_previous_launch(USE_PDL)
     allow_next_launch(USE_PDL)
@@ -885,7 +976,10 @@ def _gdn_fold_finish_kernel(
             p_rg_new = slot * s_rg_s + o_t[None, :] * s_rg_l + o_hj[:, None] * s_rg_h
             tl.store(p_ring_g + p_rg_new, b_g.to(p_ring_g.dtype.element_ty), mask=m_jt)
             if HAS_READ:
-                b_bt = tl.load(p_beta + i_b64 * s_beta_b + o_t[None, :] * s_beta_t + o_hj[:, None] * s_beta_h, mask=m_jt, other=0.0)
+                if EXACT_READS:  # verification read the checkpoint: exact d, beta +0
+                    b_bt = tl.zeros((BLOCK_J, BLOCK_T), dtype=tl.float32)
+                else:
+                    b_bt = _copy_beta(tl.load(p_beta + i_b64 * s_beta_b + o_t[None, :] * s_beta_t + o_hj[:, None] * s_beta_h, mask=m_jt, other=0.0))
                 tl.store(p_ring_beta + p_rg_new, b_bt.to(p_ring_beta.dtype.element_ty), mask=m_jt)
         p_w_row = p_w + i_b64 * s_w_b + i_h64 * s_w_h
         b_N, b_Wq = _token_mixing(p_w_row, s_w_t, o_t, m_t, L, T)
@@ -902,11 +996,16 @@ def _gdn_fold_finish_kernel(
                 p_read_tile = p_read + slot * s_ck_s + i_h64 * s_ck_h + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k
                 b_C = tl.load(p_read_tile, mask=m_tile, other=0.0).to(tl.float32)
                 b_S = _fold_read_copy_tile(b_S, b_C, b_rd, b_rk, b_wf, b_decay_f, b_in0, b_in1, cur, o_l, READ_FOLD, READ_DOT)
-                tl.store(p_tile, b_S.to(p_ckpt.dtype.element_ty), mask=m_tile)
+                b_stored = b_S.to(p_ckpt.dtype.element_ty)
+                tl.store(p_tile, b_stored, mask=m_tile)
                 b_read = b_S.to(p_read.dtype.element_ty)
                 tl.store(p_read_tile, b_read, mask=m_tile)
                 tl.debug_barrier()  # the old d entries are read before the tokens' d overwrite them
-                b_S = b_read.to(tl.float32)
+                # The tokens read the checkpoint in verification (EXACT_READS), the copy in decoding.
+                if EXACT_READS:
+                    b_S = b_stored.to(tl.float32)
+                else:
+                    b_S = b_read.to(tl.float32)
             else:
                 b_S = fold_store_tile(b_S, b_decay_f, tl.trans(b_rd * b_wf[None, :]), b_rk, p_tile, m_tile)
             b_D, b_O = _tokens_from_folded_tile(
@@ -1148,8 +1247,10 @@ def _gdn_three_launches(
     later = pdl_launch_options(use_pdl)  # the launches after the step's first, a plain one (its inputs come from before the op)
     has_read = read_checkpoint is not None
     ring_beta_arg = ring_beta if has_read else ring_g  # (not read without a copy)
+    # Verification with a copy reads the checkpoint (docs/ops.md, "Read copy"); decoding reads the copy.
+    exact_reads = has_read and num_tokens > 1
     fold_args = dict(
-        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, **read_fold,
+        p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, EXACT_READS=exact_reads, **read_fold,
         p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
         **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads, T=num_tokens,
         USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles, SPLIT=fold_split,
@@ -1160,7 +1261,7 @@ def _gdn_three_launches(
             _gdn_flush_kernel[flush_grid](p_cursor=cursor, WORKLIST=work_list, **fold_args)
         _gdn_weights_kernel[(key_heads, batch)](
             p_q=q, p_k=k, p_g=g, p_beta=beta, p_ring_k=ring_k, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_cursor=cursor, p_rows=rows,
-            p_w=weights, p_qk=qk, p_pos=pos, p_arrive=arrive, HAS_READ=has_read,
+            p_w=weights, p_qk=qk, p_pos=pos, p_arrive=arrive, HAS_READ=has_read, EXACT_READS=exact_reads,
             **dict(zip(("s_q_b", "s_q_t", "s_q_h", "s_q_k"), q.stride())),
             **dict(zip(("s_k_b", "s_k_t", "s_k_h", "s_k_k"), k.stride())),
             **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
@@ -1184,8 +1285,8 @@ def _gdn_three_launches(
             )  # fmt: skip
         num_tiles, split = _tiles(value_dim, cfg)
         _gdn_main_kernel[(split, value_heads, batch)](
-            # The checkpoint this launch reads: the read copy where there is one (same strides).
-            p_v=v, p_o=o, p_ckpt=checkpoint if read_checkpoint is None else read_checkpoint, p_ring_d=ring_d,
+            # The checkpoint this launch reads: the read copy in decoding with one (same strides).
+            p_v=v, p_o=o, p_ckpt=read_checkpoint if has_read and not exact_reads else checkpoint, p_ring_d=ring_d,
             p_cursor=cursor, p_pending=pending, p_rows=rows,
             p_w=weights, p_qk=qk, p_pos=pos,
             **dict(zip(("s_v_b", "s_v_t", "s_v_h", "s_v_v"), v.stride())),
