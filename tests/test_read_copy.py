@@ -395,7 +395,7 @@ def test_gdn_verification_with_a_copy_reads_the_checkpoint_and_folds_plainly(for
     outputs and state match the same kernels without a copy (T = 2..4, random accepted counts, window 8)."""
     kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
     gen = torch.Generator().manual_seed(24)
-    geometry, window, slots = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=32), 8, 3
+    geometry, window, slots = GDNGeometry(key_heads=2, value_heads=4, key_dim=16, value_dim=32), 8, 3
     ours, theirs = _pair_of_states(GDNReplayState, geometry, slots, window, torch.bfloat16, device, gen)
     rows = torch.tensor([2, 0, 1], device=device)
     launch = _gdn_forms()[form]

@@ -222,11 +222,13 @@ def _gdn_replay_kernel(
 
 
 @triton.jit
-def _ends_with_copy_entry(p_ring_beta, slot, cur, s_rg_s, s_rg_l):
+def _ends_with_copy_entry(p_ring_beta, slot, cur, s_rg_s, s_rg_l, s_rg_h, i_h_mark):
     """Whether a row's last committed ring entry (``cur - 1``) was formed against the read copy: its stored
-    beta (value head 0) is not +0 (``reference._gdn_ends_with_copy_entry``). Elementwise: ``slot`` and
-    ``cur`` may be scalars or vectors of rows."""
-    b_last = tl.load(p_ring_beta + slot * s_rg_s + tl.maximum(cur - 1, 0) * s_rg_l, mask=cur > 0, other=0.0)
+    beta for value head ``i_h_mark`` is not +0 (``reference._gdn_ends_with_copy_entry``; a step stores the
+    same kind of beta for every head of an entry, so any head tells). Elementwise: ``slot`` and ``cur`` may
+    be scalars or vectors of rows."""
+    p_last = p_ring_beta + slot * s_rg_s + tl.maximum(cur - 1, 0) * s_rg_l + i_h_mark * s_rg_h
+    b_last = tl.load(p_last, mask=cur > 0, other=0.0)
     return (cur > 0) & (b_last.to(tl.int32, bitcast=True) != 0)
 
 
@@ -239,26 +241,27 @@ def _copy_beta(b_beta):
 
 
 @triton.jit
-def _row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, T, L, EXACT_READS: tl.constexpr):
+def _row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, s_rg_h, i_h_mark, T, L, EXACT_READS: tl.constexpr):
     """A row's cursor and whether it folds before this step: its ring cannot take T more entries, or
     (``EXACT_READS``: verification with a read copy, which reads the checkpoint) it ends in entries formed
-    against the copy, whose correction the step's exact reads cannot carry."""
+    against the copy, whose correction the step's exact reads cannot carry (``_ends_with_copy_entry`` on
+    value head ``i_h_mark``)."""
     cur = tl.load(p_cursor + slot)
     folds = cur + T > L
     if EXACT_READS:
-        folds = folds | _ends_with_copy_entry(p_ring_beta, slot, cur, s_rg_s, s_rg_l)
+        folds = folds | _ends_with_copy_entry(p_ring_beta, slot, cur, s_rg_s, s_rg_l, s_rg_h, i_h_mark)
     return cur, folds
 
 
 @triton.jit
-def _gdn_folding_rows(p_rows, p_cursor, p_ring_beta, s_rg_s, s_rg_l, batch, T, L, BLOCK_B: tl.constexpr, EXACT_READS: tl.constexpr):
+def _gdn_folding_rows(p_rows, p_cursor, p_ring_beta, s_rg_s, s_rg_l, s_rg_h, batch, T, L, BLOCK_B: tl.constexpr, EXACT_READS: tl.constexpr):
     """``common.folding_rows`` with ``_row_folds``' decision."""
     if EXACT_READS:
         o_b = tl.arange(0, BLOCK_B)
         m_b = o_b < batch
         b_slot = tl.load(p_rows + o_b, mask=m_b, other=0).to(tl.int64)
         b_cur = tl.load(p_cursor + b_slot, mask=m_b, other=0)
-        b_fold = m_b & ((b_cur + T > L) | _ends_with_copy_entry(p_ring_beta, b_slot, b_cur, s_rg_s, s_rg_l))
+        b_fold = m_b & ((b_cur + T > L) | _ends_with_copy_entry(p_ring_beta, b_slot, b_cur, s_rg_s, s_rg_l, s_rg_h, 0))
         b_rank, n_fold = rank_rows(b_fold)
         return o_b, b_fold, b_rank, n_fold
     else:
@@ -296,7 +299,7 @@ def _gdn_flush_kernel(
     """
     allow_next_launch(USE_PDL)
     if WORKLIST:
-        o_b, b_fold, b_rank, n_fold = _gdn_folding_rows(p_rows, p_cursor, p_ring_beta, s_rg_s, s_rg_l, batch, T, L, BLOCK_B, EXACT_READS)
+        o_b, b_fold, b_rank, n_fold = _gdn_folding_rows(p_rows, p_cursor, p_ring_beta, s_rg_s, s_rg_l, s_rg_h, batch, T, L, BLOCK_B, EXACT_READS)
         items, first, stride = n_fold * heads * SPLIT, tl.program_id(0), tl.num_programs(0)
     else:
         items, first, stride = 1, 0, 1
@@ -457,7 +460,7 @@ def _gdn_fold_head(
     checkpoint) takes the plain fold, which neither reads the copy nor forms corrections, and stores
     both; any other the exact one."""
     slot = tl.load(p_rows + i_b).to(tl.int64)
-    cur, folds = _row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, T, L, EXACT_READS)
+    cur, folds = _row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, s_rg_h, 0, T, L, EXACT_READS)
     if folds:
         i_kh = i_h // value_per_key
         i_h64, i_kh64 = i_h.to(tl.int64), i_kh.to(tl.int64)
@@ -577,7 +580,8 @@ def _gdn_weights_kernel(
     i_kh, i_b = tl.program_id(0), tl.program_id(1)
     i_kh64, i_b64 = i_kh.to(tl.int64), i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
-    cur, folds = _row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, T, L, EXACT_READS)
+    # (Its own first value head's mark: another program of the row may overwrite head 0's with its append.)
+    cur, folds = _row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, s_rg_h, i_kh * value_per_key, T, L, EXACT_READS)
     c_eff = tl.where(folds, 0, cur)
     o_k = tl.arange(0, BLOCK_K)
     o_l = tl.arange(0, BLOCK_L)
