@@ -237,7 +237,10 @@ def _copy_beta(b_beta):
     """The betas stored with entries formed against the read copy, in fp32: beta, -0 for 0
     (``reference._gdn_copy_beta``)."""
     b_beta = b_beta.to(tl.float32)
-    return tl.where(b_beta == 0.0, -0.0, b_beta)
+    # By the bits: compiled for the GPU, tl.where(b_beta == 0.0, -0.0, b_beta) came out as b_beta (its
+    # sign bit lost: the CUDA tests failed on 2026-12-05, the interpreter kept it).
+    b_bits = b_beta.to(tl.int32, bitcast=True)
+    return tl.where(b_beta == 0.0, -2147483648, b_bits).to(tl.float32, bitcast=True)
 
 
 @triton.jit
