@@ -296,8 +296,6 @@ def _gdn_forms():
         "alongside-entries-fold": dict(
             flush_config=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), read_copy_fold="entries"
         ),
-        # the checkpoint products in a launch of their own: the copy's in decoding, the checkpoint's in verification
-        "split-main": dict(config=LaunchConfig(16, 1, 1, form="split"), products_config=LaunchConfig(16, 1, 1, num_stages=2)),
     }
 
 
@@ -338,7 +336,7 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
 @pytest.mark.parametrize(
     "form",
     ["tables", "entries-fold", "blocked-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "worklist-fold",
-     "grid-fold", "alongside-fold-mma", "alongside-entries-fold", "split-main"],
+     "grid-fold", "alongside-fold-mma", "alongside-entries-fold"],
 )  # fmt: skip
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
@@ -388,7 +386,7 @@ def _gdn_kernels_against_reference_with_read_copy(geometry, read_dtype, device, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "grid-fold", "alongside-fold-mma", "split-main"])
+@pytest.mark.parametrize("form", ["tables", "grid-fold", "alongside-fold-mma"])
 def test_gdn_verification_with_a_copy_reads_the_checkpoint_and_folds_plainly(form, device):
     """Verification with a copy reads the checkpoint. After decode steps (entries formed against the copy;
     one row's value head 0 with beta exactly 0, stored as -0), the first verify step folds every row whose

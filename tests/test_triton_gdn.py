@@ -186,7 +186,6 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, device):
         pytest.param(
             LaunchConfig(16, 1, 1, num_stages=2, form="mma"), LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), id="mma-alongside-fold"
         ),
-        pytest.param(LaunchConfig(16, 1, 1, form="split"), None, id="split"),
     ],
 )
 def test_verify_commit_tracks_float64_recurrence(config, flush_config, device):
@@ -194,8 +193,7 @@ def test_verify_commit_tracks_float64_recurrence(config, flush_config, device):
     drafts (1..T; the rest is padding, never accepted), random accepted counts: outputs and
     materialize() vs the float64 recurrence over accepted tokens only; ring, checkpoint and cursors vs
     the reference, across flushes (launches where some rows fold and others do not). With the tables'
-    launches, with the fold launch beside the main launch ("alongside") under the "mma" form, and with the
-    checkpoint products in a launch of their own ("split")."""
+    launches, and with the fold launch beside the main launch ("alongside") under the "mma" form."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 3, 2, 4, 32, 16, 6
     gen = _gen()
     rows = torch.tensor([2, 0, 1], device=device)
@@ -263,12 +261,6 @@ VERIFY_VARIANTS = [
     pytest.param(LaunchConfig(32, 2, 2, form="mma"), None, None, id="block32-mma-2w"),
     pytest.param(LaunchConfig(16, 3, 1, num_stages=3, form="mma"), None, None, id="block16-mma-3stages"),
     pytest.param(LaunchConfig(32, 2, 1, num_stages=4, form="mma"), None, None, id="block32-mma-1w-4stages"),
-    # the checkpoint products in a launch of their own ("split"), with the grid and work-list fold launches
-    pytest.param(LaunchConfig(16, 3, 1, form="split"), None, None, id="block16-split"),
-    pytest.param(
-        LaunchConfig(32, 2, 1, num_stages=4, form="split"), LaunchConfig(16, 1, 2, form="worklist", programs_per_sm=1), None,
-        id="block32-split-worklist-fold-2w",
-    ),
     # the weights launch's ring products as one tl.dot (the ring padded to 16 entries)
     pytest.param(LaunchConfig(16, 3, 1), None, LaunchConfig(1, 1, 1, form="dot"), id="weights-dot-1w"),
     pytest.param(LaunchConfig(16, 3, 1, form="mma"), None, LaunchConfig(1, 1, 4, form="dot"), id="mma-weights-dot-4w"),
@@ -330,18 +322,12 @@ def test_bad_form_raises_before_any_launch(config, flush_config, weights_config,
     "config, flush_config, message",
     [
         pytest.param(LaunchConfig(8, 2, 1, form="mma"), None, "'mma' form needs tiles of >= 16 rows", id="mma-main"),
-        pytest.param(LaunchConfig(8, 2, 1, form="split"), None, "'split' form needs tiles of >= 16 rows", id="split-main"),
-        pytest.param(
-            LaunchConfig(16, 1, 1, form="split"), LaunchConfig(16, 1, 4, form="alongside"), "'split' form reads the checkpoint",
-            id="split-alongside-fold",
-        ),
         pytest.param(None, LaunchConfig(8, 2, 4, form="alongside"), "fold needs tiles of >= 16 rows", id="fold"),
     ],
 )
 def test_dot_forms_need_tiles_of_16_rows(config, flush_config, message):
-    """The main launch's "mma" and "split" forms and the fold (tl.dot) on 8-row tiles are refused before the
-    first launch, state intact; so is the "split" form with the "alongside" fold (its products launch would
-    read checkpoint tiles that fold beside the main launch)."""
+    """The main launch's "mma" form and the fold (tl.dot) on 8-row tiles are refused before the first
+    launch, state intact."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 8
     gen = _gen()
     state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, "cpu", gen)
@@ -361,20 +347,14 @@ def test_dot_forms_need_tiles_of_16_rows(config, flush_config, message):
 )
 @pytest.mark.parametrize(
     "config, weights_config",
-    [
-        (None, None),
-        (LaunchConfig(16, 1, 1, form="mma"), None),
-        (LaunchConfig(16, 1, 1, form="mma"), LaunchConfig(1, 1, 1, form="dot")),
-        (LaunchConfig(16, 1, 1, form="split"), None),
-    ],
-    ids=["table", "mma", "mma-weights-dot", "split"],
+    [(None, None), (LaunchConfig(16, 1, 1, form="mma"), None), (LaunchConfig(16, 1, 1, form="mma"), LaunchConfig(1, 1, 1, form="dot"))],
+    ids=["table", "mma", "mma-weights-dot"],
 )
 def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, config, weights_config, device):
     """T = 5..8 with a window of 8 (T = L folds every row that holds an entry), explicit scale,
     random accepted counts; a checkpoint in a narrower dtype: outputs from the checkpoint as stored.
-    The main launch as its table says, in its "mma" form (the table's from T = 4 at real sizes) and its
-    "split" form, and with the weights launch's ring products as a dot (its table's form from T = 4;
-    2T = 10..16 token rows)."""
+    The main launch as its table says and in its "mma" form (the table's from T = 4 at real sizes), and
+    with the weights launch's ring products as a dot (its table's form from T = 4; 2T = 10..16 token rows)."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 8
     gen = _gen()
     rows = torch.tensor([0, 1], device=device)
@@ -397,24 +377,14 @@ def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, config, weights_config
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "config, products_config",
-    [
-        pytest.param(LaunchConfig(32, 1, 1, num_stages=1, form="mma"), None, id="mma-1stage"),
-        pytest.param(LaunchConfig(32, 1, 1, num_stages=4, form="mma"), None, id="mma-4stages"),
-        pytest.param(LaunchConfig(32, 1, 1, form="split"), LaunchConfig(16, 1, 1, num_stages=1), id="split-products16-1stage"),
-        pytest.param(LaunchConfig(16, 2, 1, form="split"), LaunchConfig(32, 1, 1, num_stages=3), id="split-products32-3stages"),
-        pytest.param(LaunchConfig(32, 1, 1, form="split"), LaunchConfig(64, 1, 4, num_stages=2), id="split-products64-4w"),
-    ],
-)
-def test_mma_form_over_key_chunks(config, products_config, device):
+@pytest.mark.parametrize("stages", [1, 4])
+def test_mma_form_over_key_chunks(stages, device):
     """The "mma" form sums its token products over key chunks of 32 columns: a key dimension of 80 gives
     chunks 0-31 and 32-63 full, 64-95 partly masked and 96-127 empty (a power-of-two block of 128), on
     value rows in a partial last tile (48 = 32 + 16), T = 4 and 6 with random accepted counts, over
-    several folds; with 1 and 4 pipeline stages. The "split" form likewise, its products launch (over
-    chunks 0-31, 32-63 and a partly masked 64-95) on 16-, 32- and 64-row tiles (48 = 16 x 3, 32 + 16 and
-    one partly masked tile)."""
+    several folds; with 1 and 4 pipeline stages."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 3, 1, 2, 80, 48, 8
+    config = LaunchConfig(32, 1, 1, num_stages=stages, form="mma")
     gen = _gen()
     rows = torch.tensor([2, 0, 1], device=device)
     ours = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, device, gen)
@@ -424,7 +394,7 @@ def test_mma_form_over_key_chunks(config, products_config, device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
         o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, config=config, products_config=products_config)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, config=config)
         assert rel_err(o, o_ref) < 1e-5
         accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
         for state in (ours, theirs):

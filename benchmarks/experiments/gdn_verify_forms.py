@@ -1,17 +1,14 @@
-"""Experiment: the GDN verification main launch's forms at every draft length.
+"""Experiment: the GDN verification main launch's two forms at every draft length.
 
 Times verify + commit steps (batch 256, window 16, fp32 state, 2 of every 4 drafts accepted, staggered rows,
 the speculative benchmark's cases), side by side in one run on the GPU, with the main launch (``_GDN_VERIFY``)
 in its per-token form (one 8-row tile per 1-warp program: ``_GDN_VERIFY_SHORT``'s) and in its ``"mma"``
 form (tensor-core dots in tf32x3 over 32-column key chunks, 32-row tiles on one warp, 4 stages:
-``_GDN_VERIFY``'s since 2026-12-02; the 03:28 run of that day had 16-row tiles on 3 stages), and in
-its ``"split"`` form (2026-12-05: the checkpoint products ``[K; Q] S^T`` in a launch of their own,
-``_gdn_products_kernel``, on the products table's shape, and the rest in the main launch), for T = 2..8 and both
-GDN geometries (both tables set to the form timed). Each point's first step is checked against the PyTorch
-reference first (outputs, ring, checkpoint). Ratios are to the "mma" form. Prints a table; ``--out`` writes JSON.
+``_GDN_VERIFY``'s since 2026-12-02; the 03:28 run of that day had 16-row tiles on 3 stages), for
+T = 2..8 and both GDN geometries (both tables set to the form timed). Each point's first step is checked against the PyTorch reference first (outputs,
+ring, checkpoint). Prints a table; ``--out`` writes JSON.
 
     PYTHONPATH=src python3 benchmarks/experiments/gdn_verify_forms.py --out /tmp/gdn_verify_forms.json
-    PYTHONPATH=src python3 benchmarks/experiments/gdn_verify_forms.py --tokens 4 8 --forms mma split
 """
 
 from __future__ import annotations
@@ -32,17 +29,10 @@ from spec_kernels import HEADLINE_BATCH, SpecCase  # noqa: E402
 from replayssm.ops.triton import configs  # noqa: E402
 from replayssm.ops.triton.configs import LaunchConfig  # noqa: E402
 
-# name -> (main launch, products launch or None for the table's)
 FORMS = {
-    "per-token 8x1w": (LaunchConfig(8, 16, 1), None),
-    "mma 32x1w 4 stages": (LaunchConfig(32, 4, 1, num_stages=4, form="mma"), None),
-    "split 32x1w, products 64x1w 3 stages": (LaunchConfig(32, 4, 1, form="split"), LaunchConfig(64, 1, 1, num_stages=3)),
-    "split 16x1w, products 64x1w 3 stages": (LaunchConfig(16, 8, 1, form="split"), LaunchConfig(64, 1, 1, num_stages=3)),
-    "split 64x2w, products 64x1w 3 stages": (LaunchConfig(64, 2, 2, form="split"), LaunchConfig(64, 1, 1, num_stages=3)),
-    "split 32x1w, products 128x4w 3 stages": (LaunchConfig(32, 4, 1, form="split"), LaunchConfig(128, 1, 4, num_stages=3)),
-    "split 32x1w, products 32x1w 3 stages": (LaunchConfig(32, 4, 1, form="split"), LaunchConfig(32, 1, 1, num_stages=3)),
+    "per-token 8x1w": LaunchConfig(8, 16, 1),
+    "mma 32x1w 4 stages": LaunchConfig(32, 4, 1, num_stages=4, form="mma"),
 }
-BASELINE = "mma 32x1w 4 stages"
 
 
 def main() -> None:
@@ -50,13 +40,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--tokens", type=int, nargs="+", default=[2, 3, 4, 6, 8])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--forms", nargs="+", default=["per-token", "mma", "split"], help="name prefixes of the FORMS to time")
     args = ap.parse_args()
-    forms = {name: cfgs for name, cfgs in FORMS.items() if name == BASELINE or name.startswith(tuple(args.forms))}
     key = (128, 128)
     tables = (configs._GDN_VERIFY_SHORT, configs._GDN_VERIFY)
     previous = [table.get(key) for table in tables]
-    previous_products = configs._GDN_VERIFY_PRODUCTS.get(key)
     rows = []
     try:
         for name in ("gdn-16x32x128x128", "gdn-16x64x128x128"):
@@ -64,28 +51,25 @@ def main() -> None:
                 case = SpecCase(GEOMETRIES[name], HEADLINE_BATCH, T, "half")
                 case.base.set_phase("staggered")
                 point = {"geometry": name, "T": T}
-                for form, (cfg, products) in forms.items():
+                for form, cfg in FORMS.items():
                     for table in tables:
                         table[key] = cfg
-                    configs._GDN_VERIFY_PRODUCTS[key] = products or previous_products
                     errors = case.check()
                     if failure := check_failure(errors):
                         raise RuntimeError(f"{name} T={T} {form}: {failure}")
                     point[form] = time_graph_per_step(case.replay_steps(), args.repeats)
                     point[f"{form} errors"] = errors
-                for form in forms:
-                    point[f"{form} / mma"] = point[form] / point[BASELINE]
+                point["mma / per-token"] = point["mma 32x1w 4 stages"] / point["per-token 8x1w"]
                 rows.append(point)
-                print(f"{name} T={T}: " + ", ".join(f"{f} {point[f]:.1f} us ({point[f + ' / mma']:.3f})" for f in forms), flush=True)
+                print(f"{name} T={T}: " + ", ".join(f"{f} {point[f]:.1f} us" for f in FORMS) + f" (ratio {point['mma / per-token']:.3f})", flush=True)
                 del case
                 torch.cuda.empty_cache()
     finally:
         for table, cfg in zip(tables, previous):
             table[key] = cfg
-        configs._GDN_VERIFY_PRODUCTS[key] = previous_products
     if args.out:
         meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name()}
-        args.out.write_text(json.dumps({"meta": meta, "forms": {f: [c.as_dict() if c else None for c in cs] for f, cs in forms.items()}, "rows": rows}, indent=1))
+        args.out.write_text(json.dumps({"meta": meta, "forms": {f: c.as_dict() for f, c in FORMS.items()}, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -155,13 +155,6 @@ _GDN_VERIFY_SHORT = {
 _GDN_VERIFY = {
     (128, 128): LaunchConfig(block=32, split=4, num_warps=1, num_stages=4, form="mma"),
 }
-# The "split" form's products launch (``_gdn_products_kernel``: [K; Q] S^T per tile of value rows, over 32-key
-# chunks; one tile per program). benchmarks/experiments/gdn_verify_products.py, 2026-12-05 07:25, H200, batch 256,
-# the kernel alone: 64-row tiles on 1 warp, 3 stages, 137.9 / 266.3 us at T = 4 (16/32 / 16/64 heads), 99-103% of
-# its floor; at T = 8, 128 rows on 4 warps 147.7 (16/32), 32 rows on 1 warp 282.9 (16/64).
-_GDN_VERIFY_PRODUCTS = {
-    (128, 128): LaunchConfig(block=64, split=1, num_warps=1, num_stages=3),
-}
 # GDN fold launch of the three-launch step, decoding and verification (only rows whose ring cannot take T
 # more entries work; tl.dot: block >= 16). A form with R rows per program ("rows<R>", docs/kernels.md run 9)
 # tied in decoding (201.2 against 204.2 us) and lost in verification (472-495 against 462 us); removed.
@@ -336,15 +329,6 @@ def gdn_main_config(value_dim: int, key_dim: int, num_tokens: int, read_copy: bo
     else:
         table = _GDN_VERIFY_SHORT if num_tokens <= _GDN_VERIFY_SHORT_MAX_T else _GDN_VERIFY
     return _pick(table, value_dim, key_dim, loop=False)
-
-
-def gdn_products_config(value_dim: int, key_dim: int, num_tokens: int) -> LaunchConfig:
-    """The ``"split"`` verification form's products launch (``_GDN_VERIFY_PRODUCTS``; elsewhere tiles of up to
-    64 value rows, at least 16 for ``tl.dot``, on one warp)."""
-    del num_tokens  # one shape for every draft length so far
-    return _GDN_VERIFY_PRODUCTS.get((value_dim, key_dim)) or LaunchConfig(
-        block=max(16, min(64, 1 << (value_dim - 1).bit_length())), split=1, num_warps=1, num_stages=3
-    )
 
 
 # GDN's exact fold with a read copy (docs/ops.md, "Read copy"), in the fold launches: "blocked" (each tile's

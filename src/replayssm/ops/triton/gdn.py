@@ -39,11 +39,7 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
    d entries (one block store each), never the state. One program per row
    moves the cursor. Its ``"mma"`` form (the verification table's for drafts
    of 3 tokens or more) forms these products as tensor-core dots in tf32x3,
-   the checkpoint product over key chunks whose loads are pipelined. Its
-   ``"split"`` form (in no table yet) takes the checkpoint product
-   ``[K; Q] S^T`` from ``_gdn_products_kernel``, a launch of its own between
-   launches 2 and 3 that only streams the checkpoint, so launch 3 reads no
-   checkpoint; it cannot go with the "alongside" fold (refused).
+   the checkpoint product over key chunks whose loads are pipelined.
 
 
 Launches are ordered, which is the only synchronisation between them: each
@@ -91,7 +87,6 @@ from .configs import (
     gdn_decode_launches,
     gdn_flush_config,
     gdn_main_config,
-    gdn_products_config,
     gdn_read_copy_fold_constexprs,
     gdn_replay_config,
     gdn_weights_config,
@@ -693,10 +688,10 @@ def _gdn_weights_kernel(
 
 @triton.jit
 def _main_tile_mma(
-    p_ck_head, p_ring_row_d, p_v_row, p_KQ, m_KQ, p_prod_row, i_v, c_eff,
-    s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v, s_p_m,
+    p_ck_head, p_ring_row_d, p_v_row, p_KQ, m_KQ, i_v, c_eff,
+    s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
     b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_l, T, V, K,
-    BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KC: tl.constexpr, FROM_PRODUCTS: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KC: tl.constexpr,
 ):  # fmt: skip
     """The main launch's ``"mma"`` form for one tile: the T tokens' products as ``tl.dot``s on the tensor
     cores, fp32 emulated by three tf32 products each (``input_precision="tf32x3"``: about 1e-6 relative
@@ -713,25 +708,18 @@ def _main_tile_mma(
     and of the token block (``p_KQ``: a pointer per token row, unit stride along K) loaded for its own
     dot: neither whole block sits in registers, and the launch's ``num_stages`` pipelines the chunk loads
     (run 17: 293 against 330 us for whole-tile dots, T = 4, 16/32 heads).
-
-    ``FROM_PRODUCTS`` (the ``"split"`` form): ``[K; Q] S^T`` was formed by ``_gdn_products_kernel`` and is
-    loaded from its scratch (``p_prod_row``: rows m < 2T, unit stride along the value rows); the
-    checkpoint is not read here.
     """
     o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < V
-    if FROM_PRODUCTS:
-        b_acc = tl.load(p_prod_row + o_m[:, None] * s_p_m + o_v[None, :], mask=m_KQ[:, None] & m_v[None, :], other=0.0)
-    else:
-        o_c = tl.arange(0, BLOCK_KC)
-        b_acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
-        for kc in range(0, BLOCK_K, BLOCK_KC):
-            m_c = (kc + o_c) < K
-            b_S = tl.load(
-                p_ck_head + o_v[:, None].to(tl.int64) * s_ck_v + (kc + o_c)[None, :] * s_ck_k, mask=m_v[:, None] & m_c[None, :], other=0.0
-            ).to(tl.float32)
-            b_KQ = tl.load(p_KQ[:, None] + (kc + o_c)[None, :], mask=m_KQ[:, None] & m_c[None, :], other=0.0)
-            b_acc = tl.dot(b_KQ, tl.trans(b_S), b_acc, input_precision="tf32x3")
+    o_c = tl.arange(0, BLOCK_KC)
+    b_acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
+    for kc in range(0, BLOCK_K, BLOCK_KC):
+        m_c = (kc + o_c) < K
+        b_S = tl.load(
+            p_ck_head + o_v[:, None].to(tl.int64) * s_ck_v + (kc + o_c)[None, :] * s_ck_k, mask=m_v[:, None] & m_c[None, :], other=0.0
+        ).to(tl.float32)
+        b_KQ = tl.load(p_KQ[:, None] + (kc + o_c)[None, :], mask=m_KQ[:, None] & m_c[None, :], other=0.0)
+        b_acc = tl.dot(b_KQ, tl.trans(b_S), b_acc, input_precision="tf32x3")
     b_rd = _ring_d_slice(p_ring_row_d, o_v, m_v, c_eff, s_rd_l, s_rd_v, o_l)
     b_AB = b_decays[:, None] * b_acc + tl.dot(b_W_ring, tl.trans(b_rd), input_precision="tf32x3")
     m_mv = (o_m[:, None] < T) & m_v[None, :]
@@ -743,18 +731,17 @@ def _main_tile_mma(
 
 @triton.jit
 def _gdn_main_kernel(
-    p_v, p_o, p_ckpt, p_ring_d, p_cursor, p_pending, p_rows, p_w, p_qk, p_pos, p_prod,
+    p_v, p_o, p_ckpt, p_ring_d, p_cursor, p_pending, p_rows, p_w, p_qk, p_pos,
     s_v_b, s_v_t, s_v_h, s_v_v,
     s_o_b, s_o_t, s_o_h, s_o_v,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_w_b, s_w_h, s_w_t,
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
-    s_p_b, s_p_h, s_p_m,
     V, K, L, value_per_key,
     T: tl.constexpr, COMMIT: tl.constexpr, USE_PDL: tl.constexpr, MMA: tl.constexpr, ALONGSIDE: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
-    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_KC: tl.constexpr, FROM_PRODUCTS: tl.constexpr,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_KC: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 3, shaped like the conventional kernel: per tile of value rows, from one read
     of the checkpoint tile, the ring's d slice and the new v, the (rows, T) blocks
@@ -773,9 +760,7 @@ def _gdn_main_kernel(
     folded, was slower: docs/kernels.md run 11.)
 
     ``MMA`` (``LaunchConfig.form == "mma"``): the same products as tensor-core dots over ``BLOCK_M`` (16)
-    token rows, ``_main_tile_mma``, over key chunks of ``BLOCK_KC`` columns. ``FROM_PRODUCTS`` (the
-    ``"split"`` form, ``MMA`` too): the checkpoint products come from ``_gdn_products_kernel``'s scratch
-    ``p_prod`` (launched between launch 2 and this one), and this launch reads no checkpoint.
+    token rows, ``_main_tile_mma``, over key chunks of ``BLOCK_KC`` columns.
 
     ``ALONGSIDE`` (the fold launch's ``"alongside"`` form): launched after the fold launch and run beside
     it, without waiting: that launch folds and finishes the rows marked ``pos < 0``, whose tiles are
@@ -813,7 +798,6 @@ def _gdn_main_kernel(
     p_o_row = p_o + i_b64 * s_o_b + i_h64 * s_o_h
     p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
     p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
-    p_prod_row = p_prod + i_b64 * s_p_b + i_h64 * s_p_h
     m_t = o_t < T
     if MMA:
         # Per program, the padded token rows m (``BLOCK_M``): key k_t at m = t, query q_t at m = T + t,
@@ -836,9 +820,8 @@ def _gdn_main_kernel(
     for i_v in range(i_s, tiles_end, SPLIT):
         if MMA:
             o_v, m_mv, b_Dm, b_Om = _main_tile_mma(
-                p_ck_head, p_ring_row_d, p_v_row, p_KQ, m_used, p_prod_row, i_v, c_eff,
-                s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v, s_p_m,
-                b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_l, T, V, K, BLOCK_V, BLOCK_M, BLOCK_K, BLOCK_KC, FROM_PRODUCTS,
+                p_ck_head, p_ring_row_d, p_v_row, p_KQ, m_used, i_v, c_eff, s_ck_v, s_ck_k, s_rd_l, s_rd_v, s_v_t, s_v_v,
+                b_W_ring, b_decays, b_N_m, b_P, b_Wo_m, o_m, o_l, T, V, K, BLOCK_V, BLOCK_M, BLOCK_K, BLOCK_KC,
             )  # fmt: skip
             tl.store(p_o_row + o_m[:, None] * s_o_t + o_v[None, :] * s_o_v, b_Om.to(p_o.dtype.element_ty), mask=m_mv)
             tl.store(
@@ -874,55 +857,6 @@ def _gdn_main_kernel(
         # that waits for nothing could end first; programmatic dependent launch orders by the wait).
         if (i_s == tl.num_programs(0) - 1) & (i_h == tl.num_programs(1) - 1) & (i_b == tl.num_programs(2) - 1):
             wait_for_previous_launch(USE_PDL)
-
-
-@triton.jit
-def _gdn_products_kernel(
-    p_ckpt, p_qk, p_rows, p_prod,
-    s_ck_s, s_ck_h, s_ck_v, s_ck_k,
-    s_qk_b, s_qk_h, s_qk_i, s_qk_t,
-    s_p_b, s_p_h, s_p_m,
-    value_per_key,
-    V: tl.constexpr, K: tl.constexpr, T: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_KC: tl.constexpr, NUM_STAGES: tl.constexpr,
-):  # fmt: skip
-    """The ``"split"`` form's launch between launches 2 and 3, over (tile, value head, row): the checkpoint
-    products ``[K; Q] S^T`` of one tile of value rows, the T normalised keys at m = 0..T-1 and scaled
-    queries at m = T..2T-1 (launch 2's ``qk`` scratch) against every row of the tile, as tensor-core dots
-    in tf32x3 over key chunks of ``BLOCK_KC`` whose loads the loop pipelines (``NUM_STAGES``), into
-    ``p_prod`` (batch, value heads, 2T, V), fp32. Launch 3 takes them from there.
-
-    Why a launch of its own: the fused main launch forms these products beside the ring's part and the
-    T x T solve, in one-warp programs of some 220 registers, and at T = 4 read the checkpoint at about
-    half the streaming bandwidth; this kernel alone streams it at 98-103% of the floor
-    (``benchmarks/experiments/gdn_verify_products.py``, 2026-12-05). It writes 2T values per value row
-    (8 per 128 read at T = 4), which launch 3 reads back.
-
-    ``USE_PDL``: it waits for launch 2 (the keys, and behind it launch 1's folds) before its loads."""
-    allow_next_launch(USE_PDL)
-    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_kh = i_h // value_per_key
-    slot = tl.load(p_rows + i_b).to(tl.int64)
-    o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    o_m = tl.arange(0, BLOCK_M)
-    o_c = tl.arange(0, BLOCK_KC)
-    m_v = o_v < V
-    m_m = o_m < 2 * T
-    p_S = p_ckpt + slot * s_ck_s + i_h.to(tl.int64) * s_ck_h + o_v[:, None] * s_ck_v
-    t_of_m = tl.where(o_m < T, o_m, o_m - T)
-    p_KQ = p_qk + i_b.to(tl.int64) * s_qk_b + i_kh.to(tl.int64) * s_qk_h + tl.where(o_m < T, 0, s_qk_i) + t_of_m * s_qk_t
-    wait_for_previous_launch(USE_PDL)
-    b_acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
-    for kc in tl.range(0, K, BLOCK_KC, num_stages=NUM_STAGES):
-        o_k = kc + o_c
-        if (V % BLOCK_V == 0) and (K % BLOCK_KC == 0):  # no masks where the tiles divide the state (the 128 x 128 heads)
-            b_S = tl.load(p_S + o_k[None, :] * s_ck_k).to(tl.float32)
-        else:
-            b_S = tl.load(p_S + o_k[None, :] * s_ck_k, mask=m_v[:, None] & (o_k < K)[None, :], other=0.0).to(tl.float32)
-        b_KQ = tl.load(p_KQ[:, None] + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :], other=0.0)
-        b_acc = tl.dot(b_KQ, tl.trans(b_S), b_acc, input_precision="tf32x3")
-    p_P = p_prod + i_b.to(tl.int64) * s_p_b + i_h.to(tl.int64) * s_p_h + o_m[:, None] * s_p_m + o_v[None, :]
-    tl.store(p_P, b_acc, mask=m_m[:, None] & m_v[None, :])
 
 
 @triton.jit
@@ -1213,7 +1147,7 @@ def gdn_step_out(
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
     flush_config: LaunchConfig | None = None, decode_launches: int | None = None, weights_config: LaunchConfig | None = None,
     overlap: bool | None = None, read_checkpoint: Tensor | None = None, ring_beta: Tensor | None = None,
-    read_copy_fold: str | None = None, products_config: LaunchConfig | None = None,
+    read_copy_fold: str | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
@@ -1222,9 +1156,7 @@ def gdn_step_out(
     of verification. T > 1 (verification) runs ``_gdn_flush_kernel`` (``flush_config``, default from
     ``gdn_flush_config``), ``_gdn_weights_kernel`` (``weights_config``: only its ``num_warps`` counts;
     default from ``gdn_weights_config``) and ``_gdn_main_kernel`` (``config``, default from
-    ``gdn_main_config``), with, for its ``"split"`` form, ``_gdn_products_kernel`` before it
-    (``products_config``, default from ``gdn_products_config``: ``block`` value rows per program, one tile
-    each; its ``split`` is not used). ``overlap`` (default ``replay_overlap()``): the weights and main launches
+    ``gdn_main_config``). ``overlap`` (default ``replay_overlap()``): the weights and main launches
     with programmatic dependent launch where the GPU has it (``common.overlap_launches``).
     ``read_checkpoint`` (SPEC §4): the main launch reads it instead of the checkpoint, and the fold
     launches write both, folding exactly with ``ring_beta`` (required with a copy) in the form
@@ -1245,7 +1177,7 @@ def gdn_step_out(
     if num_tokens > 1 or decode_launches == 3:
         _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config,
-            weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint, ring_beta, read_fold, products_config,
+            weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint, ring_beta, read_fold,
         )  # fmt: skip
         return
     window = ring_k.shape[1]
@@ -1279,7 +1211,7 @@ def gdn_step_out(
 def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config, overlap: bool, read_checkpoint: Tensor | None,
-    ring_beta: Tensor | None, read_fold: dict, products_config: LaunchConfig | None = None,
+    ring_beta: Tensor | None, read_fold: dict,
 ) -> None:  # fmt: skip
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -1291,7 +1223,6 @@ def _gdn_three_launches(
     weights = torch.empty(batch, value_heads, num_tokens, 2 * window + 2 * num_tokens + 1, dtype=torch.float32, device=v.device)
     qk = torch.empty(batch, key_heads, 2, num_tokens, key_dim, dtype=torch.float32, device=v.device)
     pos = torch.empty(batch, dtype=torch.int32, device=v.device)
-    block_m = max(16, next_pow2(2 * num_tokens))
     ck_strides = dict(zip(("s_ck_s", "s_ck_h", "s_ck_v", "s_ck_k"), checkpoint.stride()))
     rk_strides = dict(zip(("s_rk_s", "s_rk_l", "s_rk_h", "s_rk_k"), ring_k.stride()))
     rd_strides = dict(zip(("s_rd_s", "s_rd_l", "s_rd_h", "s_rd_v"), ring_d.stride()))
@@ -1307,22 +1238,10 @@ def _gdn_three_launches(
     check_form("_gdn_flush_kernel", fcfg, ("", "worklist", "alongside"))
     check_form("_gdn_weights_kernel", wcfg, ("", "dot"))
     ring_dot = wcfg.form == "dot"
-    check_form("_gdn_main_kernel", cfg, ("", "mma", "split"))
-    mma = cfg.form in ("mma", "split")
-    from_products = cfg.form == "split"
+    check_form("_gdn_main_kernel", cfg, ("", "mma"))
+    mma = cfg.form == "mma"
     if mma and (cfg.block < 16 or key_dim < 16):
-        raise ValueError(
-            f"_gdn_main_kernel: the '{cfg.form}' form needs tiles of >= 16 rows and key_dim >= 16 (tl.dot), got {cfg.block} / {key_dim}"
-        )
-    pcfg = products_config or gdn_products_config(value_dim, key_dim, num_tokens)
-    check_form("_gdn_products_kernel", pcfg)
-    if from_products and fcfg.form == "alongside":
-        raise ValueError(
-            "_gdn_main_kernel: the 'split' form reads the checkpoint before the main launch, which the 'alongside' fold launch "
-            "folds beside it: pick another fold form (flush_config) or main form (config)"
-        )
-    if from_products and pcfg.block < 16:
-        raise ValueError(f"_gdn_products_kernel: tiles of >= 16 value rows expected (tl.dot), got block {pcfg.block}")
+        raise ValueError(f"_gdn_main_kernel: the 'mma' form needs tiles of >= 16 rows and key_dim >= 16 (tl.dot), got {cfg.block} / {key_dim}")
     if fcfg.block < 16:
         raise ValueError(f"_gdn_flush_kernel: the fold needs tiles of >= 16 rows (tl.dot), got {fcfg.block}")
     fold_tiles, fold_split = _tiles(value_dim, fcfg)
@@ -1371,32 +1290,19 @@ def _gdn_three_launches(
                 **dict(zip(("s_beta_b", "s_beta_t", "s_beta_h"), beta.stride())),
                 **scratch_strides, BLOCK_T=block_t, BLOCK_J=next_pow2(value_per_key), **fold_args, **later,
             )  # fmt: skip
-        # The checkpoint the main launch (or the products launch before it) reads: the read copy in decoding
-        # with one (same strides).
-        main_ckpt = read_checkpoint if has_read and not exact_reads else checkpoint
-        if from_products:
-            prod = torch.empty(batch, value_heads, 2 * num_tokens, value_dim, dtype=torch.float32, device=v.device)
-            _gdn_products_kernel[(triton.cdiv(value_dim, pcfg.block), value_heads, batch)](
-                p_ckpt=main_ckpt, p_qk=qk, p_rows=rows, p_prod=prod, **ck_strides,
-                **dict(zip(("s_qk_b", "s_qk_h", "s_qk_i", "s_qk_t"), qk.stride()[:4])),
-                **dict(zip(("s_p_b", "s_p_h", "s_p_m"), prod.stride()[:3])),
-                value_per_key=value_per_key, V=value_dim, K=key_dim, T=num_tokens, USE_PDL=use_pdl,
-                BLOCK_V=pcfg.block, BLOCK_M=block_m, BLOCK_KC=min(_MMA_KEY_CHUNK, block_k), NUM_STAGES=pcfg.num_stages,
-                num_warps=pcfg.num_warps, **later,
-            )  # fmt: skip
-        else:
-            prod = weights  # (not read)
         num_tiles, split = _tiles(value_dim, cfg)
         _gdn_main_kernel[(split, value_heads, batch)](
-            p_v=v, p_o=o, p_ckpt=main_ckpt, p_ring_d=ring_d, p_cursor=cursor, p_pending=pending, p_rows=rows,
-            p_w=weights, p_qk=qk, p_pos=pos, p_prod=prod,
+            # The checkpoint this launch reads: the read copy in decoding with one (same strides).
+            p_v=v, p_o=o, p_ckpt=read_checkpoint if has_read and not exact_reads else checkpoint, p_ring_d=ring_d,
+            p_cursor=cursor, p_pending=pending, p_rows=rows,
+            p_w=weights, p_qk=qk, p_pos=pos,
             **dict(zip(("s_v_b", "s_v_t", "s_v_h", "s_v_v"), v.stride())),
             **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
-            **ck_strides, **rd_strides, **scratch_strides, **dict(zip(("s_p_b", "s_p_h", "s_p_m"), prod.stride()[:3])),
+            **ck_strides, **rd_strides, **scratch_strides,
             V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, T=num_tokens, COMMIT=commit,
-            USE_PDL=use_pdl, MMA=mma, ALONGSIDE=alongside, FROM_PRODUCTS=from_products,
+            USE_PDL=use_pdl, MMA=mma, ALONGSIDE=alongside,
             BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16) if mma else block_l, BLOCK_T=block_t,
-            BLOCK_M=block_m, NUM_TILES=num_tiles, SPLIT=split, BLOCK_KC=min(_MMA_KEY_CHUNK, block_k),
+            BLOCK_M=max(16, next_pow2(2 * num_tokens)), NUM_TILES=num_tiles, SPLIT=split, BLOCK_KC=min(_MMA_KEY_CHUNK, block_k),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later,
         )  # fmt: skip
 
