@@ -66,7 +66,7 @@ quality)
     step quality-nemotron 270 python3 benchmarks/quality.py --checkpoint checkpoints/nemotron_h_small --device cuda --out "$out/quality-nemotron" --configs $configs
     step quality-qwen 300 python3 benchmarks/quality.py --checkpoint checkpoints/qwen3_5_small --device cuda --out "$out/quality-qwen" --configs $configs
     ;;
-copy-verify)  # GDN verification with a copy reads the checkpoint since 2026-12-04 (docs/ops.md): not yet timed
+copy-verify)  # GDN verification with a copy reads the checkpoint since 2026-12-04 (docs/ops.md); timed 2026-12-05
     step gdn-read-copy-tests 180 python3 -m pytest -q tests/test_read_copy.py -k "cuda and gdn"
     step spec-gdn-read-bf16 220 python3 benchmarks/spec_kernels.py --out "$out/spec-read" --geometries gdn-16x32x128x128 gdn-16x64x128x128 --headline-only --accept half all random --read-dtype bf16 --repeats 8
     step decode-gdn-read-bf16 150 python3 benchmarks/decode_kernels.py --out "$out/decode-read" --geometries gdn-16x32x128x128 gdn-16x64x128x128 --headline-only --read-dtype bf16 --repeats 8

@@ -10,7 +10,8 @@ This script times only the first part as a kernel of its own: per (row, value he
 ``P = [K; Q] S^T`` summed over key chunks with tensor-core dots in tf32x3 (the main launch's own product),
 written to a ``(batch, value heads, 16, V)`` fp32 scratch. If it streams near the bandwidth floor, a
 verification main launch split in two (products, then a light epilogue reading P and the ring) could
-beat the fused one; if not, the split is not worth building. Launch shapes are swept; each result is
+beat the fused one; if not, the split is not worth building. (It streamed at 99-103% of its floor on
+2026-12-05; the split form built on it lost by 6-8%: docs/kernels.md run 38.) Launch shapes are swept; each result is
 checked against a float64 product first. Prints a table; ``--out`` writes JSON.
 
     PYTHONPATH=src python3 benchmarks/experiments/gdn_verify_products.py --out /tmp/products.json
