@@ -309,16 +309,24 @@ def test_verify_launch_variants(config, flush_config, weights_config, overlap, d
 def test_bad_form_raises_before_any_launch(config, flush_config, weights_config, decode_launches):
     """A launch table naming a form the kernels do not have is an error raised before the first launch:
     the state is left as it was (CPU tensors: on a GPU machine they could not even be launched)."""
+    _assert_refused_before_any_launch(
+        "has no form", config=config, flush_config=flush_config, weights_config=weights_config, decode_launches=decode_launches
+    )
+
+
+def test_decode_launches_must_name_a_form():
+    """``decode_launches`` other than 1, 2 or 3 is refused before any launch, naming the argument."""
+    _assert_refused_before_any_launch("decode_launches must be 1, 2 or 3, got 4", decode_launches=4)
+
+
+def _assert_refused_before_any_launch(message, **launch):
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 4
     gen = _gen()
     state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, "cpu", gen)
     q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, "cpu", gen)
     before = [t.clone() for t in state]
-    with pytest.raises(ValueError, match="has no form"):
-        kernels.gdn_step_out(
-            q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v),
-            config=config, flush_config=flush_config, weights_config=weights_config, decode_launches=decode_launches,
-        )  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        kernels.gdn_step_out(q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v), **launch)
     assert all(torch.equal(a, b) for a, b in zip(state, before))
 
 
@@ -539,14 +547,3 @@ def test_three_launches_cuda_graph():
 
     _assert_graph_replays_eager(step, [1 + i % 3 for i in range(8)])
 
-
-def test_decode_launches_must_name_a_form():
-    """``decode_launches`` other than 1, 2 or 3 is refused before any launch, naming the argument."""
-    batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 4
-    gen = _gen()
-    state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, "cpu", gen)
-    q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, "cpu", gen)
-    before = [t.clone() for t in state]
-    with pytest.raises(ValueError, match="decode_launches must be 1, 2 or 3, got 4"):
-        kernels.gdn_step_out(q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v), decode_launches=4)
-    assert all(torch.equal(a, b) for a, b in zip(state, before))

@@ -142,6 +142,17 @@ def _ring_d_slice(p_ring_row_d, o_v, m_v, n_ring, s_rd_l, s_rd_v, o_l):
 
 
 @triton.jit
+def _decode_tile(b_S, b_rd, b_v, b_k, b_q, b_kq, b_beta, b_decay, b_wk, b_wq):
+    """One decode token on a tile of value rows: ``r = alpha S_{t-1} k`` and ``s = alpha S_{t-1} q`` from
+    one read of the checkpoint tile ``b_S`` (rows, K) plus the ring's part (``b_rd``: (entries, rows), with
+    their weights ``b_wk`` / ``b_wq``), then ``d = beta (v - r)`` and ``o = s + (k.q) d``. Returns (o, d)."""
+    b_r = b_decay * tl.sum(b_S * b_k[None, :], axis=1) + tl.sum(b_wk[:, None] * b_rd, axis=0)
+    b_s = b_decay * tl.sum(b_S * b_q[None, :], axis=1) + tl.sum(b_wq[:, None] * b_rd, axis=0)
+    b_d = b_beta * (b_v - b_r)
+    return b_s + b_kq * b_d, b_d
+
+
+@triton.jit
 def _gdn_replay_kernel(
     p_q, p_k, p_v, p_g, p_beta, p_o,
     p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
@@ -219,11 +230,7 @@ def _gdn_replay_kernel(
             # Fold the ring in one rank-L update in fp32; the outputs use the stored tile.
             b_S = fold_store_tile(b_S, b_decay_f, b_rd * b_wf[:, None], b_rk, p_tile, m_tile)
         b_v = tl.load(p_v + i_b64 * s_v_b + i_h64 * s_v_h + o_v * s_v_v, mask=m_v, other=0.0).to(tl.float32)
-        # alpha_t S_{t-1} k_t and alpha_t S_{t-1} q_t from one read of the tile.
-        b_r = b_decay * tl.sum(b_S * b_k[None, :], axis=1) + tl.sum(b_wk[:, None] * b_rd, axis=0)
-        b_s = b_decay * tl.sum(b_S * b_q[None, :], axis=1) + tl.sum(b_wq[:, None] * b_rd, axis=0)
-        b_d = b_beta * (b_v - b_r)
-        b_o = b_s + b_kq * b_d
+        b_o, b_d = _decode_tile(b_S, b_rd, b_v, b_k, b_q, b_kq, b_beta, b_decay, b_wk, b_wq)
         tl.store(p_o + i_b64 * s_o_b + i_h64 * s_o_h + o_v * s_o_v, b_o.to(p_o.dtype.element_ty), mask=m_v)
         tl.store(p_ring_row_d + c_eff * s_rd_l + o_v * s_rd_v, b_d.to(p_ring_d.dtype.element_ty), mask=m_v)
 
@@ -302,11 +309,8 @@ def _gdn_decode_kernel(
         )
         b_rd = tl.load(p_ring_row_d + o_l[:, None] * s_rd_l + o_v[None, :] * s_rd_v, mask=m_ring[:, None] & m_v[None, :], other=0.0).to(tl.float32)
         b_v = tl.load(p_v + i_b64 * s_v_b + i_h64 * s_v_h + o_v * s_v_v, mask=m_v, other=0.0).to(tl.float32)
-        # alpha S_{t-1} k and alpha S_{t-1} q from one read of the tile, plus the ring's part.
-        b_r = b_decay * tl.sum(b_S * b_k[None, :], axis=1) + tl.sum(b_wk[:, None] * b_rd, axis=0)
-        b_s = b_decay * tl.sum(b_S * b_q[None, :], axis=1) + tl.sum(b_wq[:, None] * b_rd, axis=0)
-        b_d = b_beta * (b_v - b_r)
-        tl.store(p_o + i_b64 * s_o_b + i_h64 * s_o_h + o_v * s_o_v, (b_s + b_kq * b_d).to(p_o.dtype.element_ty), mask=m_v)
+        b_o, b_d = _decode_tile(b_S, b_rd, b_v, b_k, b_q, b_kq, b_beta, b_decay, b_wk, b_wq)
+        tl.store(p_o + i_b64 * s_o_b + i_h64 * s_o_h + o_v * s_o_v, b_o.to(p_o.dtype.element_ty), mask=m_v)
         tl.store(p_ring_row_d + c * s_rd_l + o_v * s_rd_v, b_d.to(p_ring_d.dtype.element_ty), mask=m_v)
     if i_s == 0:
         p_new_g = slot * s_rg_s + c * s_rg_l + i_h64 * s_rg_h
