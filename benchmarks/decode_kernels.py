@@ -399,8 +399,7 @@ def measure_point(
 class StepVariant:
     """A replay step launched otherwise than its tables say: ``config`` is the main launch's (GDN's single
     kernel's); ``launches=3``: a GDN decode step through verification's three launches, whose fold and
-    weights launches take ``flush`` and ``weights``; ``launches=2``: through the fold launch (``flush``) and
-    ``_gdn_decode_kernel`` (``config``); ``fold_in_main`` (Mamba-2): full rings folded inside
+    weights launches take ``flush`` and ``weights``; ``fold_in_main`` (Mamba-2): full rings folded inside
     the main launch (no flush launch); ``flush`` and ``weights`` (Mamba-2 too): the flush launch's and the
     weights launch's warps; ``overlap``:
     the later launches with programmatic dependent launch (``configs.replay_overlap``); ``read_fold`` (GDN
@@ -470,8 +469,6 @@ SWEEP_REPLAY = {
         StepVariant(LaunchConfig(16, 64, 1), 3, flush=LaunchConfig(16, 2, 4, form="alongside", programs_per_sm=3), overlap=True),
         # (the main launch's "mma" form, verification's from T = 4 on: 344-353 / 663-684 us on 2026-12-01, 16 / 32
         # rows; its 16 token rows are padding but one at T = 1)
-        # two launches: the table's fold launch, then _gdn_decode_kernel (the weights launch's work in its prologue)
-        StepVariant(LaunchConfig(16, 8, 1), 2, flush=LaunchConfig(16, 1, 2, form="worklist", programs_per_sm=4), overlap=True),
     ],
 }
 

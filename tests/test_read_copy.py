@@ -296,9 +296,6 @@ def _gdn_forms():
         "alongside-entries-fold": dict(
             flush_config=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), read_copy_fold="entries"
         ),
-        # decoding through the fold launch and _gdn_decode_kernel (no weights launch), work-list and grid folds
-        "two-launch-decode": dict(decode_launches=2),
-        "two-launch-decode-grid-fold": dict(decode_launches=2, flush_config=LaunchConfig(16, 1, 4)),
     }
 
 
@@ -339,7 +336,7 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
 @pytest.mark.parametrize(
     "form",
     ["tables", "entries-fold", "blocked-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "worklist-fold",
-     "grid-fold", "alongside-fold-mma", "alongside-entries-fold", "two-launch-decode", "two-launch-decode-grid-fold"],
+     "grid-fold", "alongside-fold-mma", "alongside-entries-fold"],
 )  # fmt: skip
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):

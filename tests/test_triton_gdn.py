@@ -58,9 +58,8 @@ def _gen():
     return torch.Generator().manual_seed(4321)
 
 
-# How a T = 1 step runs: the single replay kernel, the fold launch and the decode kernel (which does the
-# weights launch's work itself), or verification's three launches.
-LAUNCH_FORMS = [pytest.param(1, id="single-kernel"), pytest.param(2, id="two-launches"), pytest.param(3, id="three-launches")]
+# How a T = 1 step runs: the single replay kernel, or verification's three launches.
+LAUNCH_FORMS = [pytest.param(1, id="single-kernel"), pytest.param(3, id="three-launches")]
 
 
 def _mixed(cursor, num_tokens, window):
@@ -300,33 +299,22 @@ def test_verify_launch_variants(config, flush_config, weights_config, overlap, d
         (None, LaunchConfig(16, 1, 4, form="rows4"), None, 3),
         (None, None, LaunchConfig(1, 1, 1, form="x"), 3),
         (LaunchConfig(16, 1, 2, form="tokens"), None, None, 1),
-        (LaunchConfig(16, 1, 1, form="mma"), None, None, 2),
-        # the two-launch step has no weights launch for the "alongside" fold to follow
-        (None, LaunchConfig(16, 1, 4, form="alongside"), None, 2),
     ],
-    ids=["main", "flush", "weights", "single-kernel", "decode-kernel", "two-launch-alongside-fold"],
+    ids=["main", "flush", "weights", "single-kernel"],
 )
 def test_bad_form_raises_before_any_launch(config, flush_config, weights_config, decode_launches):
     """A launch table naming a form the kernels do not have is an error raised before the first launch:
     the state is left as it was (CPU tensors: on a GPU machine they could not even be launched)."""
-    _assert_refused_before_any_launch(
-        "has no form", config=config, flush_config=flush_config, weights_config=weights_config, decode_launches=decode_launches
-    )
-
-
-def test_decode_launches_must_name_a_form():
-    """``decode_launches`` other than 1, 2 or 3 is refused before any launch, naming the argument."""
-    _assert_refused_before_any_launch("decode_launches must be 1, 2 or 3, got 4", decode_launches=4)
-
-
-def _assert_refused_before_any_launch(message, **launch):
     batch, key_heads, value_heads, key_dim, value_dim, window = 2, 1, 2, 16, 16, 4
     gen = _gen()
     state = _state(batch, key_heads, value_heads, key_dim, value_dim, window, torch.float32, "cpu", gen)
     q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, "cpu", gen)
     before = [t.clone() for t in state]
-    with pytest.raises(ValueError, match=message):
-        kernels.gdn_step_out(q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v), **launch)
+    with pytest.raises(ValueError, match="has no form"):
+        kernels.gdn_step_out(
+            q, k, v, g, beta, *state, torch.arange(batch), True, True, None, o=torch.empty_like(v),
+            config=config, flush_config=flush_config, weights_config=weights_config, decode_launches=decode_launches,
+        )  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(state, before))
 
 
@@ -546,4 +534,3 @@ def test_three_launches_cuda_graph():
         return o
 
     _assert_graph_replays_eager(step, [1 + i % 3 for i in range(8)])
-

@@ -21,11 +21,7 @@ With ``--read-dtype bf16`` the steps read a bf16 copy of the checkpoint (SPEC §
     PYTHONPATH=src python3 benchmarks/experiments/gdn_fold_forms.py --read-dtype bf16 --folds 36 --mains 32x4x1 16x8x1
 
 ``--mains`` times each fold launch with each of these main launch shapes (``LaunchConfig(block, split,
-warps)``) instead of the table's. ``--launches 3 2`` times each also as the two-launch step (the fold
-launch, then ``_gdn_decode_kernel``, which does the weights launch's work in its prologue; ``--mains`` are
-then its shapes too, default ``_GDN_DECODE_FUSED``'s):
-
-    PYTHONPATH=src python3 benchmarks/experiments/gdn_fold_forms.py --folds 36 --launches 3 2 --mains 16x8x1 16x2x1
+warps)``) instead of the table's.
 """
 
 from __future__ import annotations
@@ -42,13 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import format_table, streaming_bandwidth, time_graph_per_step  # noqa: E402
 from decode_kernels import GEOMETRIES, HEADLINE_BATCH, HEADLINE_WINDOW, READ_DTYPES, Case, StepVariant, check_failure  # noqa: E402
 
-from replayssm.ops.triton.configs import (  # noqa: E402
-    _GDN_DECODE_FUSED,
-    _GDN_DECODE_MAIN,
-    _GDN_DECODE_MAIN_READ,
-    GDN_READ_COPY_FOLDS,
-    LaunchConfig,
-)
+from replayssm.ops.triton.configs import _GDN_DECODE_MAIN, _GDN_DECODE_MAIN_READ, GDN_READ_COPY_FOLDS, LaunchConfig  # noqa: E402
 
 
 def _worklist(block, split, warps, per_sm, stages=1):
@@ -117,16 +107,12 @@ FOLDS = [
 ]
 
 
-def measure(name, fold, repeats, log, read_dtype=None, read_fold=None, main=None, launches=3) -> dict:
+def measure(name, fold, repeats, log, read_dtype=None, read_fold=None, main=None) -> dict:
     geometry = GEOMETRIES[name]
     case = Case(geometry, HEADLINE_BATCH, HEADLINE_WINDOW, "cuda", conventional=False, read_dtype=read_dtype)
-    if launches == 2:
-        table = _GDN_DECODE_FUSED
-    else:
-        table = _GDN_DECODE_MAIN_READ if read_dtype is not None else _GDN_DECODE_MAIN
-    main = main or table[(geometry.value_dim, geometry.key_dim)]
-    variant = StepVariant(main, launches, flush=fold, overlap=True, read_fold=read_fold)
-    row = {"geometry": name, "launches": launches, "fold": str(fold), "main": str(main)}
+    main = main or (_GDN_DECODE_MAIN_READ if read_dtype is not None else _GDN_DECODE_MAIN)[(geometry.value_dim, geometry.key_dim)]
+    variant = StepVariant(main, 3, flush=fold, overlap=True, read_fold=read_fold)
+    row = {"geometry": name, "fold": str(fold), "main": str(main)}
     if read_dtype is not None:
         row["read_dtype"], row["read_fold"] = str(read_dtype).replace("torch.", ""), read_fold
     try:
@@ -161,7 +147,6 @@ def main() -> None:
     ap.add_argument("--read-dtype", choices=list(READ_DTYPES), help="steps read a 16-bit copy of the checkpoint")
     ap.add_argument("--read-folds", nargs="+", choices=GDN_READ_COPY_FOLDS, default=["blocked"], help="with --read-dtype")
     ap.add_argument("--mains", nargs="+", metavar="BLOCKxSPLITxWARPS", help="main launch shapes (default: the table's)")
-    ap.add_argument("--launches", type=int, nargs="+", choices=[2, 3], default=[3], help="the decode step's launches")
     args = ap.parse_args()
     mains = [LaunchConfig(*map(int, m.split("x"))) for m in args.mains] if args.mains else [None]
     folds = [FOLDS[i] for i in args.folds] if args.folds else FOLDS
@@ -175,13 +160,10 @@ def main() -> None:
         for name in args.geometries:
             for fold in folds if rep % 2 == 0 else folds[::-1]:
                 for read_fold in read_folds:
-                    for launches in args.launches:
-                        for main_cfg in mains:
-                            row = measure(name, fold, args.repeats, log, read_dtype, read_fold, main_cfg, launches)
-                            rows.append({"pass": rep, **row})
+                    for main_cfg in mains:
+                        rows.append({"pass": rep, **measure(name, fold, args.repeats, log, read_dtype, read_fold, main_cfg)})
     columns = [
-        ("geometry", "geometry", ""), ("launches", "launches", ""), ("fold", "fold launch", ""), ("read_fold", "read-copy fold", ""),
-        ("main", "main launch", ""),
+        ("geometry", "geometry", ""), ("fold", "fold launch", ""), ("read_fold", "read-copy fold", ""), ("main", "main launch", ""),
         ("pass", "pass", ""), ("staggered_us", "staggered", ".1f"),
         ("in_phase_us", "in-phase", ".1f"), ("all_fold_us", "all fold", ".1f"), ("no_fold_us", "no fold", ".1f"),
     ]  # fmt: skip

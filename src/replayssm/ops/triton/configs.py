@@ -127,11 +127,6 @@ _GDN_DECODE_MAIN_READ = {
 _GDN_DECODE_MAIN = {
     (128, 128): LaunchConfig(block=16, split=8, num_warps=1),
 }
-# GDN decoding through two launches (``gdn_decode_launches`` 2): ``_gdn_decode_kernel``, which forms the ring
-# keys' products itself in every program of a key head. Not timed yet: the three launches' main-launch shape.
-_GDN_DECODE_FUSED = {
-    (128, 128): LaunchConfig(block=16, split=8, num_warps=1),
-}
 # GDN verification (T > 1) main launch, in two tables by draft length: `_GDN_VERIFY_SHORT` up to
 # `_GDN_VERIFY_SHORT_MAX_T` tokens, `_GDN_VERIFY` above. The per-token form: one 8-row tile per 1-warp program
 # (spec_kernels --sweep, 2026-11-29, T = 4: 537 us against 717-948 for 16- and 32-row tiles with 2-8 warps;
@@ -400,14 +395,8 @@ def gdn_conventional_config(value_dim: int, key_dim: int) -> LaunchConfig:
     return _pick(_GDN_CONVENTIONAL, value_dim, key_dim, loop=False)
 
 
-def gdn_decode_fused_config(value_dim: int, key_dim: int) -> LaunchConfig:
-    """The two-launch decode step's ``_gdn_decode_kernel`` (``_GDN_DECODE_FUSED``)."""
-    return _pick(_GDN_DECODE_FUSED, value_dim, key_dim, loop=False)
-
-
 def gdn_decode_launches(value_dim: int, key_dim: int) -> int:
-    """How a GDN decode step (T = 1) runs: 1 = the single replay kernel, 2 = the fold launch and
-    ``_gdn_decode_kernel`` (the weights launch's work in its prologue), 3 = verification's three launches."""
+    """How a GDN decode step (T = 1) runs: 1 = the single replay kernel, 3 = verification's three launches."""
     return _GDN_DECODE_LAUNCHES.get((value_dim, key_dim), 1)
 
 

@@ -42,12 +42,6 @@ take them too: ``decode_launches=3``, or the ``gdn_decode_launches`` table):
    the checkpoint product over key chunks whose loads are pipelined.
 
 
-Decoding through two launches (``decode_launches=2``): launch 1 as above, also recording each row's
-first new ring position, then ``_gdn_decode_kernel`` over (tile group, value head, row), which forms the
-weights launch's per-head quantities in each program's prologue (the ring keys' products once per
-program instead of once per key head), then launch 3's work for one token, then the append and the
-cursor move.
-
 Launches are ordered, which is the only synchronisation between them: each
 ring position and the cursor change only in a launch after every reader of
 them. On sm_90+ launches 2 and 3 overlap the one before (programmatic
@@ -90,7 +84,6 @@ from .configs import (
     GDN_READ_COPY_FOLD,
     LaunchConfig,
     gdn_conventional_config,
-    gdn_decode_fused_config,
     gdn_decode_launches,
     gdn_flush_config,
     gdn_main_config,
@@ -139,17 +132,6 @@ def _ring_d_slice(p_ring_row_d, o_v, m_v, n_ring, s_rd_l, s_rd_v, o_l):
     return tl.load(
         p_ring_row_d + o_l[None, :] * s_rd_l + o_v[:, None] * s_rd_v, mask=(o_l[None, :] < n_ring) & m_v[:, None], other=0.0
     ).to(tl.float32)
-
-
-@triton.jit
-def _decode_tile(b_S, b_rd, b_v, b_k, b_q, b_kq, b_beta, b_decay, b_wk, b_wq):
-    """One decode token on a tile of value rows: ``r = alpha S_{t-1} k`` and ``s = alpha S_{t-1} q`` from
-    one read of the checkpoint tile ``b_S`` (rows, K) plus the ring's part (``b_rd``: (entries, rows), with
-    their weights ``b_wk`` / ``b_wq``), then ``d = beta (v - r)`` and ``o = s + (k.q) d``. Returns (o, d)."""
-    b_r = b_decay * tl.sum(b_S * b_k[None, :], axis=1) + tl.sum(b_wk[:, None] * b_rd, axis=0)
-    b_s = b_decay * tl.sum(b_S * b_q[None, :], axis=1) + tl.sum(b_wq[:, None] * b_rd, axis=0)
-    b_d = b_beta * (b_v - b_r)
-    return b_s + b_kq * b_d, b_d
 
 
 @triton.jit
@@ -230,102 +212,13 @@ def _gdn_replay_kernel(
             # Fold the ring in one rank-L update in fp32; the outputs use the stored tile.
             b_S = fold_store_tile(b_S, b_decay_f, b_rd * b_wf[:, None], b_rk, p_tile, m_tile)
         b_v = tl.load(p_v + i_b64 * s_v_b + i_h64 * s_v_h + o_v * s_v_v, mask=m_v, other=0.0).to(tl.float32)
-        b_o, b_d = _decode_tile(b_S, b_rd, b_v, b_k, b_q, b_kq, b_beta, b_decay, b_wk, b_wq)
+        # alpha_t S_{t-1} k_t and alpha_t S_{t-1} q_t from one read of the tile.
+        b_r = b_decay * tl.sum(b_S * b_k[None, :], axis=1) + tl.sum(b_wk[:, None] * b_rd, axis=0)
+        b_s = b_decay * tl.sum(b_S * b_q[None, :], axis=1) + tl.sum(b_wq[:, None] * b_rd, axis=0)
+        b_d = b_beta * (b_v - b_r)
+        b_o = b_s + b_kq * b_d
         tl.store(p_o + i_b64 * s_o_b + i_h64 * s_o_h + o_v * s_o_v, b_o.to(p_o.dtype.element_ty), mask=m_v)
         tl.store(p_ring_row_d + c_eff * s_rd_l + o_v * s_rd_v, b_d.to(p_ring_d.dtype.element_ty), mask=m_v)
-
-
-@triton.jit
-def _gdn_decode_kernel(
-    p_q, p_k, p_v, p_g, p_beta, p_o,
-    p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_ring_beta, p_cursor, p_pending, p_rows, p_pos,
-    s_q_b, s_q_h, s_q_k,
-    s_k_b, s_k_h, s_k_k,
-    s_v_b, s_v_h, s_v_v,
-    s_g_b, s_g_h,
-    s_beta_b, s_beta_h,
-    s_o_b, s_o_h, s_o_v,
-    s_ck_s, s_ck_h, s_ck_v, s_ck_k,
-    s_rk_s, s_rk_l, s_rk_h, s_rk_k,
-    s_rd_s, s_rd_l, s_rd_h, s_rd_v,
-    s_rg_s, s_rg_l, s_rg_h,
-    V, K, L, value_per_key, scale,
-    COMMIT: tl.constexpr, L2NORM: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
-    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
-):  # fmt: skip
-    """The two-launch decode step's second launch (T = 1, after ``_gdn_flush_kernel`` with ``STORE_POS``):
-    the weights launch's work in each program's prologue, then the main launch's, then the append.
-
-    Per program, once: q and k (normalised), g and beta, which the fold launch does not write, before
-    the wait for it; then the row's first new ring position c (``pos``: 0 if the row folded), the ring's
-    weights ``exp(suffix_i + g) k_i.k`` and ``exp(suffix_i + g) k_i.q`` (i < c) and the checkpoint decay.
-    Per tile of value rows: one read of the checkpoint tile (``p_ckpt``: the read copy when the step has
-    one) and the ring's d slice, ``d = beta (v - r)``, ``o``; d goes to ring position c. The programs of
-    tile group 0 append g (and with a copy the stored beta, ``_copy_beta``), the first value head's of
-    each key head also k, and row 0's moves the cursor. Nothing here reads position c or the cursor,
-    so the append needs no ordering within the launch.
-
-    What it removes against the three launches: the weights launch (one wave of latency-bound programs)
-    and its scratch. What it costs: the ring-key products are formed by every program of a key head
-    (``value_per_key * SPLIT`` of them, from L2) instead of once.
-    """
-    i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_kh = i_h // value_per_key
-    slot = tl.load(p_rows + i_b).to(tl.int64)
-    i_h64, i_kh64, i_b64 = i_h.to(tl.int64), i_kh.to(tl.int64), i_b.to(tl.int64)
-    o_k = tl.arange(0, BLOCK_K)
-    o_l = tl.arange(0, BLOCK_L)
-    m_k = o_k < K
-    b_q, b_k = _load_qk(p_q, p_k, i_b64, i_kh64, s_q_b, s_q_h, s_q_k, s_k_b, s_k_h, s_k_k, o_k, m_k, scale, L2NORM, True)
-    b_g = tl.load(p_g + i_b64 * s_g_b + i_h64 * s_g_h).to(tl.float32)
-    b_beta = tl.load(p_beta + i_b64 * s_beta_b + i_h64 * s_beta_h).to(tl.float32)
-    b_kq = tl.sum(b_k * b_q, axis=0)
-    wait_for_previous_launch(USE_PDL)
-    c = tl.load(p_pos + i_b)
-    m_ring = o_l < c
-    p_ck_head = p_ckpt + slot * s_ck_s + i_h64 * s_ck_h
-    # The first tile's load goes out before the prologue's loads and products.
-    o_v = i_s * BLOCK_V + tl.arange(0, BLOCK_V)
-    b_S_next = tl.load(
-        p_ck_head + o_v[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k, mask=(o_v[:, None] < V) & m_k[None, :], other=0.0
-    )
-    p_ring_row_g = p_ring_g + slot * s_rg_s + i_h64 * s_rg_h
-    p_ring_row_k = p_ring_k + slot * s_rk_s + i_kh64 * s_rk_h
-    b_rg = tl.load(p_ring_row_g + o_l * s_rg_l, mask=m_ring, other=0.0).to(tl.float32)
-    b_rk = tl.load(p_ring_row_k + o_l[:, None] * s_rk_l + o_k[None, :] * s_rk_k, mask=m_ring[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-    b_seg = tl.exp(suffix_sums(b_rg, o_l) + b_g)
-    b_wk = tl.where(m_ring, b_seg * tl.sum(b_rk * b_k[None, :], axis=1), 0.0)
-    b_wq = tl.where(m_ring, b_seg * tl.sum(b_rk * b_q[None, :], axis=1), 0.0)
-    b_decay = tl.exp(tl.sum(b_rg, axis=0) + b_g)
-    p_ring_row_d = p_ring_d + slot * s_rd_s + i_h64 * s_rd_h
-    for i_v in range(i_s, NUM_TILES, SPLIT):
-        o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
-        m_v = o_v < V
-        b_S = b_S_next.to(tl.float32)
-        o_v_next = (i_v + SPLIT) * BLOCK_V + tl.arange(0, BLOCK_V)
-        b_S_next = tl.load(
-            p_ck_head + o_v_next[:, None].to(tl.int64) * s_ck_v + o_k[None, :] * s_ck_k, mask=(o_v_next[:, None] < V) & m_k[None, :], other=0.0
-        )
-        b_rd = tl.load(p_ring_row_d + o_l[:, None] * s_rd_l + o_v[None, :] * s_rd_v, mask=m_ring[:, None] & m_v[None, :], other=0.0).to(tl.float32)
-        b_v = tl.load(p_v + i_b64 * s_v_b + i_h64 * s_v_h + o_v * s_v_v, mask=m_v, other=0.0).to(tl.float32)
-        b_o, b_d = _decode_tile(b_S, b_rd, b_v, b_k, b_q, b_kq, b_beta, b_decay, b_wk, b_wq)
-        tl.store(p_o + i_b64 * s_o_b + i_h64 * s_o_h + o_v * s_o_v, b_o.to(p_o.dtype.element_ty), mask=m_v)
-        tl.store(p_ring_row_d + c * s_rd_l + o_v * s_rd_v, b_d.to(p_ring_d.dtype.element_ty), mask=m_v)
-    if i_s == 0:
-        p_new_g = slot * s_rg_s + c * s_rg_l + i_h64 * s_rg_h
-        tl.store(p_ring_g + p_new_g, b_g.to(p_ring_g.dtype.element_ty))
-        if HAS_READ:
-            tl.store(p_ring_beta + p_new_g, _copy_beta(b_beta).to(p_ring_beta.dtype.element_ty))
-        if i_h % value_per_key == 0:
-            tl.store(p_ring_row_k + c * s_rk_l + o_k * s_rk_k, b_k.to(p_ring_k.dtype.element_ty), mask=m_k)
-        if i_h == 0:
-            if COMMIT:
-                tl.store(p_cursor + slot, c + 1)
-                tl.store(p_pending + slot, 0)
-            else:
-                tl.store(p_cursor + slot, c)
-                tl.store(p_pending + slot, 1)
 
 
 @triton.jit
@@ -380,7 +273,7 @@ def _gdn_folding_rows(p_rows, p_cursor, p_ring_beta, s_rg_s, s_rg_l, s_rg_h, bat
 
 @triton.jit
 def _gdn_flush_kernel(
-    p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_ring_beta, p_cursor, p_rows, p_pos,
+    p_ckpt, p_read, p_ring_k, p_ring_d, p_ring_g, p_ring_beta, p_cursor, p_rows,
     s_ck_s, s_ck_h, s_ck_v, s_ck_k,
     s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
@@ -388,7 +281,7 @@ def _gdn_flush_kernel(
     V, K, L, value_per_key, batch, heads,
     T: tl.constexpr, WORKLIST: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, READ_FOLD: tl.constexpr, READ_DOT: tl.constexpr,
     EXACT_READS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
-    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, STORE_POS: tl.constexpr = False,
+    NUM_TILES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
     """Verification launch 1: rows whose ring cannot take the T new entries (``cursor + T > L``) fold it,
     ``S <- exp(sum g) S + sum_i exp(suffix_i) d_i k_i^T`` in fp32 (one rank-L ``tl.dot`` per tile),
@@ -406,18 +299,8 @@ def _gdn_flush_kernel(
     head whose entries are all exact (beta 0), and it is also stored, rounded from fp32, into the copy
     (SPEC §4). ``EXACT_READS`` (verification with a copy): rows whose ring ends in entries formed against
     the copy fold too (``_row_folds``).
-
-    ``STORE_POS`` (the two-launch decode step, T = 1 without the exact-reads rule): the first program also
-    writes each row's first new ring position, 0 for a folding row, else its cursor, into ``p_pos``. The
-    decode launch after this one moves the cursors, so it cannot read them itself.
     """
     allow_next_launch(USE_PDL)
-    if STORE_POS:
-        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-            o_pb = tl.arange(0, BLOCK_B)
-            m_pb = o_pb < batch
-            b_cur = tl.load(p_cursor + tl.load(p_rows + o_pb, mask=m_pb, other=0).to(tl.int64), mask=m_pb, other=0)
-            tl.store(p_pos + o_pb, tl.where(b_cur + T > L, 0, b_cur), mask=m_pb)
     if WORKLIST:
         o_b, b_fold, b_rank, n_fold = _gdn_folding_rows(p_rows, p_cursor, p_ring_beta, s_rg_s, s_rg_l, s_rg_h, batch, T, L, BLOCK_B, EXACT_READS)
         items, first, stride = n_fold * heads * SPLIT, tl.program_id(0), tl.num_programs(0)
@@ -1269,9 +1152,8 @@ def gdn_step_out(
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
     T = 1 (decoding) runs ``_gdn_replay_kernel`` (``config``, default from the replay table) and the
-    append; with ``decode_launches=2`` the fold launch (``flush_config``) and ``_gdn_decode_kernel``
-    (``config``, default from ``gdn_decode_fused_config``); with ``decode_launches=3`` the three launches
-    of verification (default from ``gdn_decode_launches``). T > 1 (verification) runs ``_gdn_flush_kernel`` (``flush_config``, default from
+    append, or, with ``decode_launches=3`` (default from ``gdn_decode_launches``), the three launches
+    of verification. T > 1 (verification) runs ``_gdn_flush_kernel`` (``flush_config``, default from
     ``gdn_flush_config``), ``_gdn_weights_kernel`` (``weights_config``: only its ``num_warps`` counts;
     default from ``gdn_weights_config``) and ``_gdn_main_kernel`` (``config``, default from
     ``gdn_main_config``). ``overlap`` (default ``replay_overlap()``): the weights and main launches
@@ -1285,18 +1167,17 @@ def gdn_step_out(
     value_heads, value_dim = v.shape[2], v.shape[3]
     if decode_launches is None:
         decode_launches = 3 if read_checkpoint is not None else gdn_decode_launches(value_dim, key_dim)
-    if decode_launches not in (1, 2, 3):
-        raise ValueError(f"gdn_step_out: decode_launches must be 1, 2 or 3, got {decode_launches}")
+    if decode_launches not in (1, 3):
+        raise ValueError(f"gdn_step_out: decode_launches must be 1 or 3, got {decode_launches}")
     if decode_launches == 1 and num_tokens == 1 and read_checkpoint is not None:
-        raise ValueError("gdn_step_out: the single decode kernel has no read copy; pass decode_launches=2 or 3 with read_checkpoint")
+        raise ValueError("gdn_step_out: the single decode kernel has no read copy; pass decode_launches=3 with read_checkpoint")
     if (read_checkpoint is None) != (ring_beta is None):
         raise ValueError("gdn_step_out: ring_beta goes with read_checkpoint (the exact fold of a copy needs it): pass both or neither")
     read_fold = gdn_read_copy_fold_constexprs(read_copy_fold or GDN_READ_COPY_FOLD)  # (checks the name)
-    if num_tokens > 1 or decode_launches > 1:
-        _gdn_launches(
+    if num_tokens > 1 or decode_launches == 3:
+        _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config,
             weights_config, replay_overlap() if overlap is None else overlap, read_checkpoint, ring_beta, read_fold,
-            fused_decode=num_tokens == 1 and decode_launches == 2,
         )  # fmt: skip
         return
     window = ring_k.shape[1]
@@ -1327,48 +1208,48 @@ def gdn_step_out(
         _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2norm, value_heads)
 
 
-def _gdn_launches(
+def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config, overlap: bool, read_checkpoint: Tensor | None,
-    ring_beta: Tensor | None, read_fold: dict, fused_decode: bool = False,
+    ring_beta: Tensor | None, read_fold: dict,
 ) -> None:  # fmt: skip
-    """Verification's three launches (fold, weights, main), or with ``fused_decode`` (T = 1) the fold launch
-    and ``_gdn_decode_kernel``, which does the weights launch's work itself (``config``: its shape; default
-    ``gdn_decode_fused_config``)."""
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     window = ring_k.shape[1]
     value_per_key = value_heads // key_heads
     block_k, block_l, block_t = next_pow2(key_dim), next_pow2(window), next_pow2(num_tokens)
-    # Every launch's configuration is checked before the first launch: a bad one must not leave a half-done step.
-    fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens, read_checkpoint is not None)
-    check_form("_gdn_flush_kernel", fcfg, ("", "worklist") if fused_decode else ("", "worklist", "alongside"))
-    if fcfg.block < 16:
-        raise ValueError(f"_gdn_flush_kernel: the fold needs tiles of >= 16 rows (tl.dot), got {fcfg.block}")
-    if fused_decode:
-        cfg = config or gdn_decode_fused_config(value_dim, key_dim)
-        check_form("_gdn_decode_kernel", cfg)
-    else:
-        wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
-        cfg = config or gdn_main_config(value_dim, key_dim, num_tokens, read_checkpoint is not None)
-        check_form("_gdn_weights_kernel", wcfg, ("", "dot"))
-        check_form("_gdn_main_kernel", cfg, ("", "mma"))
-        if cfg.form == "mma" and (cfg.block < 16 or key_dim < 16):
-            raise ValueError(
-                f"_gdn_main_kernel: the 'mma' form needs tiles of >= 16 rows and key_dim >= 16 (tl.dot), got {cfg.block} / {key_dim}"
-            )
-    # Per-call scratch (like the output): each row's first new ring position; for the weights launch, weights
-    # per (row, value head, token) and normalised k / scaled q per (row, key head).
+    # Per-call scratch (like the output): weights per (row, value head, token), normalised k / scaled q
+    # per (row, key head), each row's first new ring position.
+    weights = torch.empty(batch, value_heads, num_tokens, 2 * window + 2 * num_tokens + 1, dtype=torch.float32, device=v.device)
+    qk = torch.empty(batch, key_heads, 2, num_tokens, key_dim, dtype=torch.float32, device=v.device)
     pos = torch.empty(batch, dtype=torch.int32, device=v.device)
     ck_strides = dict(zip(("s_ck_s", "s_ck_h", "s_ck_v", "s_ck_k"), checkpoint.stride()))
     rk_strides = dict(zip(("s_rk_s", "s_rk_l", "s_rk_h", "s_rk_k"), ring_k.stride()))
     rd_strides = dict(zip(("s_rd_s", "s_rd_l", "s_rd_h", "s_rd_v"), ring_d.stride()))
     rg_strides = dict(zip(("s_rg_s", "s_rg_l", "s_rg_h"), ring_g.stride()))
+    scratch_strides = dict(
+        **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
+        **dict(zip(("s_qk_b", "s_qk_h", "s_qk_i", "s_qk_t"), qk.stride()[:4])),
+    )  # fmt: skip
+    # Every launch's configuration is checked before the first launch: a bad one must not leave a half-done step.
+    fcfg = flush_config or gdn_flush_config(value_dim, key_dim, num_tokens, read_checkpoint is not None)
+    wcfg = weights_config or gdn_weights_config(value_dim, key_dim, num_tokens)
+    cfg = config or gdn_main_config(value_dim, key_dim, num_tokens, read_checkpoint is not None)
+    check_form("_gdn_flush_kernel", fcfg, ("", "worklist", "alongside"))
+    check_form("_gdn_weights_kernel", wcfg, ("", "dot"))
+    ring_dot = wcfg.form == "dot"
+    check_form("_gdn_main_kernel", cfg, ("", "mma"))
+    mma = cfg.form == "mma"
+    if mma and (cfg.block < 16 or key_dim < 16):
+        raise ValueError(f"_gdn_main_kernel: the 'mma' form needs tiles of >= 16 rows and key_dim >= 16 (tl.dot), got {cfg.block} / {key_dim}")
+    if fcfg.block < 16:
+        raise ValueError(f"_gdn_flush_kernel: the fold needs tiles of >= 16 rows (tl.dot), got {fcfg.block}")
     fold_tiles, fold_split = _tiles(value_dim, fcfg)
     # "alongside": the fold launch after the weights launch, beside the main launch (docs/kernels.md run 19)
     alongside = fcfg.form == "alongside"
     work_list = fcfg.form in ("worklist", "alongside")
     flush_grid = (worklist_grid(v.device, batch * value_heads * fold_split, fcfg),) if work_list else (fold_split, value_heads, batch)
+    arrive = torch.empty(batch, key_heads, dtype=torch.int32, device=v.device) if alongside else pos
     use_pdl = overlap_launches(v.device, overlap)
     later = pdl_launch_options(use_pdl)  # the launches after the step's first, a plain one (its inputs come from before the op)
     has_read = read_checkpoint is not None
@@ -1377,43 +1258,11 @@ def _gdn_launches(
     exact_reads = has_read and num_tokens > 1
     fold_args = dict(
         p_ckpt=checkpoint, p_read=read_checkpoint, HAS_READ=has_read, EXACT_READS=exact_reads, **read_fold,
-        p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_rows=rows, p_pos=pos, **ck_strides, **rk_strides,
-        **rd_strides, **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads,
-        T=num_tokens, USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles,
-        SPLIT=fold_split, BLOCK_B=next_pow2(batch), num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
+        p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_rows=rows, **ck_strides, **rk_strides, **rd_strides,
+        **rg_strides, V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, batch=batch, heads=value_heads, T=num_tokens,
+        USE_PDL=use_pdl, BLOCK_V=fcfg.block, BLOCK_K=block_k, BLOCK_L=max(block_l, 16), NUM_TILES=fold_tiles, SPLIT=fold_split,
+        BLOCK_B=next_pow2(batch), num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
     )  # fmt: skip
-    if fused_decode:
-        num_tiles, split = _tiles(value_dim, cfg)
-        q1, k1, v1, g1, beta1, o1 = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], o[:, 0]
-        with device_context(v):
-            _gdn_flush_kernel[flush_grid](p_cursor=cursor, WORKLIST=work_list, STORE_POS=True, **fold_args)
-            _gdn_decode_kernel[(split, value_heads, batch)](
-                p_q=q1, p_k=k1, p_v=v1, p_g=g1, p_beta=beta1, p_o=o1,
-                # The checkpoint this launch reads: the read copy when there is one (same strides).
-                p_ckpt=read_checkpoint if has_read else checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g,
-                p_ring_beta=ring_beta_arg, p_cursor=cursor, p_pending=pending, p_rows=rows, p_pos=pos,
-                s_q_b=q1.stride(0), s_q_h=q1.stride(1), s_q_k=q1.stride(2),
-                s_k_b=k1.stride(0), s_k_h=k1.stride(1), s_k_k=k1.stride(2),
-                s_v_b=v1.stride(0), s_v_h=v1.stride(1), s_v_v=v1.stride(2),
-                s_g_b=g1.stride(0), s_g_h=g1.stride(1),
-                s_beta_b=beta1.stride(0), s_beta_h=beta1.stride(1),
-                s_o_b=o1.stride(0), s_o_h=o1.stride(1), s_o_v=o1.stride(2),
-                **ck_strides, **rk_strides, **rd_strides, **rg_strides,
-                V=value_dim, K=key_dim, L=window, value_per_key=value_per_key, scale=_scale(scale, key_dim),
-                COMMIT=commit, L2NORM=use_qk_l2norm, USE_PDL=use_pdl, HAS_READ=has_read,
-                BLOCK_V=cfg.block, BLOCK_K=block_k, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later,
-            )  # fmt: skip
-        return
-    ring_dot = wcfg.form == "dot"
-    mma = cfg.form == "mma"
-    weights = torch.empty(batch, value_heads, num_tokens, 2 * window + 2 * num_tokens + 1, dtype=torch.float32, device=v.device)
-    qk = torch.empty(batch, key_heads, 2, num_tokens, key_dim, dtype=torch.float32, device=v.device)
-    scratch_strides = dict(
-        **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
-        **dict(zip(("s_qk_b", "s_qk_h", "s_qk_i", "s_qk_t"), qk.stride()[:4])),
-    )  # fmt: skip
-    arrive = torch.empty(batch, key_heads, dtype=torch.int32, device=v.device) if alongside else pos
     with device_context(v):
         if not alongside:
             _gdn_flush_kernel[flush_grid](p_cursor=cursor, WORKLIST=work_list, **fold_args)
@@ -1434,7 +1283,7 @@ def _gdn_launches(
         )  # fmt: skip
         if alongside:
             _gdn_fold_finish_kernel[flush_grid](
-                p_v=v, p_o=o, p_g=g, p_beta=beta, p_w=weights, p_qk=qk, p_arrive=arrive,  # (p_pos: in fold_args)
+                p_v=v, p_o=o, p_g=g, p_beta=beta, p_w=weights, p_qk=qk, p_pos=pos, p_arrive=arrive,
                 **dict(zip(("s_v_b", "s_v_t", "s_v_h", "s_v_v"), v.stride())),
                 **dict(zip(("s_o_b", "s_o_t", "s_o_h", "s_o_v"), o.stride())),
                 **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
