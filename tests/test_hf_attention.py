@@ -31,19 +31,29 @@ def _record_sdpa(monkeypatch) -> list:
     return calls
 
 
+def _attention_inputs(seed: int, batch: int, kv_heads: int, groups: int, q_len: int, kv_len: int, dim: int):
+    """float64 query / key / value and a boolean mask (batch, 1, q, kv) in which every query row attends somewhere."""
+    gen = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, kv_heads * groups, q_len, dim, generator=gen, dtype=torch.float64)
+    key = torch.randn(batch, kv_heads, kv_len, dim, generator=gen, dtype=torch.float64)
+    value = torch.randn(batch, kv_heads, kv_len, dim, generator=gen, dtype=torch.float64)
+    keep = torch.rand(batch, 1, q_len, kv_len, generator=gen) < 0.7
+    keep[..., 0] = True
+    return query, key, value, keep
+
+
+def _additive(keep: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -1e9)
+
+
 @pytest.mark.parametrize("q_len", [1, 3])
 @pytest.mark.parametrize("mask_kind", ["bool", "additive"])
 def test_packed_heads_equal_transformers_sdpa(q_len, mask_kind, monkeypatch):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    gen = torch.Generator().manual_seed(3)
-    batch, kv_heads, groups, kv_len, dim = 3, 2, 4, 7, 16
-    query = torch.randn(batch, kv_heads * groups, q_len, dim, generator=gen, dtype=torch.float64)
-    key = torch.randn(batch, kv_heads, kv_len, dim, generator=gen, dtype=torch.float64)
-    value = torch.randn(batch, kv_heads, kv_len, dim, generator=gen, dtype=torch.float64)
-    keep = torch.rand(batch, 1, q_len, kv_len, generator=gen) < 0.7
-    keep[..., 0] = True  # every query row attends somewhere
-    mask = keep if mask_kind == "bool" else torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -1e9)
+    batch, kv_heads, groups, dim = 3, 2, 4, 16
+    query, key, value, keep = _attention_inputs(3, batch, kv_heads, groups, q_len, kv_len=7, dim=dim)
+    mask = keep if mask_kind == "bool" else _additive(keep)
     module = _Module(groups)
     expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
     calls = _record_sdpa(monkeypatch)
@@ -51,6 +61,58 @@ def test_packed_heads_equal_transformers_sdpa(q_len, mask_kind, monkeypatch):
     assert calls == [(batch, kv_heads, groups * q_len, dim)]  # the packed form ran (no repeated KV heads)
     assert weights is None and got.shape == expected.shape == (batch, q_len, kv_heads * groups, dim)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_grouped_products_equal_transformers_sdpa(q_len, mask_kind, dtype):
+    """The CUDA form (two batched products around an fp32 softmax), run here with upcast operands."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, kv_heads, groups, dim = 3, 2, 4, 16
+    query, key, value, keep = _attention_inputs(5, batch, kv_heads, groups, q_len, kv_len=11, dim=dim)
+    additive = _additive(keep)
+    expected, _ = sdpa_attention_forward(_Module(groups), query, key, value, additive, scaling=0.3)  # float64
+    mask = keep if mask_kind == "bool" else additive.to(dtype)
+    got = attention.grouped_products_attention(query.to(dtype), key.to(dtype), value.to(dtype), mask, scaling=0.3)
+    assert got.dtype == dtype and got.shape == (batch, kv_heads * groups, q_len, dim)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(got.double().transpose(1, 2), expected, rtol=tol, atol=tol)
+
+
+def test_grouped_products_fully_masked_row_is_finite():
+    gen = torch.Generator().manual_seed(6)
+    query = torch.randn(2, 4, 1, 8, generator=gen)
+    key, value = torch.randn(2, 2, 5, 8, generator=gen), torch.randn(2, 2, 5, 8, generator=gen)
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1] = False  # row 1 sees nothing (a padding row): the mean of its values, as transformers' eager path gives
+    got = attention.grouped_products_attention(query, key, value, mask)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got[1], value[1].mean(dim=1, keepdim=True).repeat_interleave(2, dim=0).expand(4, 1, 8))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_packed_attention_on_cuda_takes_the_products(q_len, monkeypatch):
+    """On CUDA a short bf16 query skips SDPA: fp32 scores from ``bmm(out_dtype=float32)``, equal to float64."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(7)
+    batch, kv_heads, groups, kv_len, dim = 5, 2, 8, 300, 256
+    query = torch.randn(batch, kv_heads * groups, q_len, dim, device="cuda", dtype=torch.bfloat16)
+    key = torch.randn(batch, kv_heads, kv_len, dim, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn(batch, kv_heads, kv_len, dim, device="cuda", dtype=torch.bfloat16)
+    keep = torch.rand(batch, 1, q_len, kv_len, device="cuda") < 0.8
+    keep[..., 0] = True
+    module = _Module(groups)
+    expected, _ = sdpa_attention_forward(module, *(t.double() for t in (query, key, value)), keep, scaling=dim**-0.5)
+    calls = _record_sdpa(monkeypatch)
+    got, _ = attention.packed_gqa_sdpa(module, query, key, value, keep)
+    assert calls == []
+    err = ((got.double() - expected).norm() / expected.norm()).item()
+    assert err < 5e-3, err  # bf16 probabilities and output (SDPA's fused kernels: about 2e-3)
 
 
 def test_other_cases_go_to_transformers():

@@ -4,13 +4,14 @@ The captured Qwen3.5-like decode step (``benchmarks/generate.py``, batch 256, H2
 47.6 us per step in one cuDNN flash-attention kernel for its single attention layer (16 query / 2 key-value
 heads of 256, a static cache of 104 positions), where the layer's KV cache is 54.5 MB: about 13 us at the
 streaming bandwidth. ``integrations/hf/attention.py`` already folds each group's query heads into the query
-length (no ``repeat_kv`` copy) and calls ``scaled_dot_product_attention`` with a ``(batch, 1, q, kv)`` mask,
-and SDPA then picks its backend (cuDNN on sm_90). A decode query of ``groups x q`` rows (8 here) fills a
+length (no ``repeat_kv`` copy); until 2026-12-06 it called ``scaled_dot_product_attention`` with a
+``(batch, 1, q, kv)`` mask, and SDPA picked its backend (cuDNN on sm_90). A decode query of ``groups x q`` rows (8 here) fills a
 64-row tile of that kernel an eighth.
 
 This script times, at the model's attention shape, each way of computing the same attention (the stock
 ``repeat_kv`` path, the packed query with SDPA's own choice and with each backend forced, and the packed
-query as two batched matrix products around an fp32 softmax), each eagerly and through inductor
+query as two batched matrix products around an fp32 softmax, with bf16 or fp32 scores, and the latter as
+``integrations/hf/attention.py`` ships it since 2026-12-06), each eagerly and through inductor
 (``torch.compile``, no CUDA graphs of its own), every call inside one captured CUDA graph of
 ``--calls`` calls, and checks each against a float64 reference first. Prints a table; ``--out`` writes JSON.
 
@@ -31,6 +32,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import streaming_bandwidth, time_graph_per_step  # noqa: E402
+
+from replayssm.integrations.hf.attention import grouped_products_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 2, 256  # generate.py's qwen3_5-like attention layer
 
@@ -93,6 +96,7 @@ VARIANTS = {
     "packed sdpa math": packed_sdpa(SDPBackend.MATH),
     "packed matmul": packed_matmul,
     "packed matmul fp32 scores": packed_matmul_fp32_scores,
+    "replayssm grouped products": lambda q, k, v, mask, scale: grouped_products_attention(q, k, v, mask, scale),
 }
 
 
@@ -113,6 +117,7 @@ def main() -> None:
     ap.add_argument("--queries", nargs="*", type=int, default=[1], help="query tokens per row (1: decoding)")
     ap.add_argument("--calls", type=int, default=20, help="calls per captured graph")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -141,7 +146,8 @@ def main() -> None:
                 scale = HEAD_DIM**-0.5
                 ref = reference(q, k, v, mask, scale)
                 floor_us = (2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()) / bw * 1e6
-                for name, fn in VARIANTS.items():
+                for name in args.variants:
+                    fn = VARIANTS[name]
                     for mode in ("eager", "inductor"):
                         row = {"batch": batch, "kv": kv, "q": q_len, "variant": name, "mode": mode, "floor_us": floor_us}
                         try:

@@ -1,4 +1,4 @@
-"""SDPA attention for the patched model's attention layers, with grouped-query heads packed for short queries.
+"""Attention for the patched model's attention layers: grouped-query heads packed for short queries.
 
 A hybrid's attention layers decode with a mask (a static cache always has one),
 and transformers' SDPA path then repeats every key/value head for each of its
@@ -13,8 +13,19 @@ this implementation instead folds each group's query heads into the query
 length, ``(batch, kv_heads, groups * q, dim)``, and attends to the key/value
 heads as they are: the same products and softmax rows, no copy. The mask must
 be shared by the heads (``(batch, 1, q, kv)``, what transformers' SDPA mask
-function builds); it is tiled over the folded rows. Anything else goes to
-transformers' own SDPA function unchanged.
+function builds). Anything else goes to transformers' own SDPA function
+unchanged.
+
+On CUDA the packed query is computed as two batched products around an fp32
+softmax (``grouped_products_attention``), not through SDPA: SDPA's fused
+kernels (cuDNN on sm_90, the efficient kernel) run one program per (row,
+key-value head) and a packed decode query fills a small part of their tiles,
+so with few rows they leave the GPU idle and their time grows with the cache
+length (batch 1, 2 key-value heads, 1,024 cached positions: 56 us against 8 us
+for the products, H100, 2026-12-06; at batch 256 and 104 positions 56 against
+36 us; ``benchmarks/experiments/decode_attention.py``, BENCHMARKS.md). The
+scores are kept in fp32, as the fused kernels keep them. On the CPU the packed
+query goes through SDPA.
 
 ``patch`` switches a model's configs from ``"sdpa"`` to this implementation
 (``ATTENTION``, registered with transformers' attention and mask registries
@@ -51,13 +62,49 @@ def packed_gqa_sdpa(module, query, key, value, attention_mask, dropout: float = 
         and kwargs.get("softcap") is None
         and not kwargs.get("output_attentions", False)
     ):
-        packed = query.reshape(batch, key.shape[1], groups * q_len, query.shape[-1])
-        mask = attention_mask if q_len == 1 else attention_mask.repeat(1, 1, groups, 1)
-        out = F.scaled_dot_product_attention(packed, key, value, attn_mask=mask, dropout_p=0.0, scale=scaling)
+        if query.is_cuda:
+            out = grouped_products_attention(query, key, value, attention_mask, scaling)
+        else:
+            packed = query.reshape(batch, key.shape[1], groups * q_len, query.shape[-1])
+            mask = attention_mask if q_len == 1 else attention_mask.repeat(1, 1, groups, 1)
+            out = F.scaled_dot_product_attention(packed, key, value, attn_mask=mask, dropout_p=0.0, scale=scaling)
         return out.reshape(batch, heads, q_len, value.shape[-1]).transpose(1, 2).contiguous(), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+
+
+def grouped_products_attention(query, key, value, attention_mask, scaling=None):
+    """Attention of a short query as two batched products around an fp32 softmax, each group's query heads
+    packed into rows against their key/value head.
+
+    ``query`` ``(batch, heads, q, dim)``; ``key``/``value`` ``(batch, kv_heads, kv, dim)`` with ``heads`` a
+    multiple of ``kv_heads``; ``attention_mask`` ``(batch, 1, q, kv)``, boolean (True: attend) or additive.
+    Returns ``(batch, heads, q, dim)`` in ``value``'s dtype. The scores and the softmax are fp32 (for fp16 /
+    bf16 inputs on CUDA the first product writes fp32 directly; elsewhere its operands are upcast); the
+    probabilities are rounded to ``value``'s dtype for the second product, as SDPA's fused kernels do. A row
+    whose mask hides every position gets a uniform average instead of NaN.
+    """
+    batch, heads, q_len, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    scale = dim**-0.5 if scaling is None else scaling
+    packed = query.reshape(batch * kv_heads, groups * q_len, dim)  # row g * q + t: head g of the group, token t
+    keys_t = key.reshape(batch * kv_heads, kv_len, dim).transpose(1, 2)
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+        scores = torch.bmm(packed, keys_t, out_dtype=torch.float32)
+    else:
+        acc = torch.promote_types(query.dtype, torch.float32)
+        scores = torch.bmm(packed.to(acc), keys_t.to(acc))
+    scores = scores.view(batch, kv_heads, groups, q_len, kv_len) * scale
+    mask = attention_mask[:, :, None]  # (batch, 1, 1, q, kv): the same for every head of every group
+    if mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    else:
+        scores = scores + mask
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.bmm(probs.view(batch * kv_heads, groups * q_len, kv_len), value.reshape(batch * kv_heads, kv_len, dim))
+    return out.view(batch, heads, q_len, dim)
 
 
 def register() -> None:
