@@ -81,6 +81,24 @@ def test_grouped_products_equal_transformers_sdpa(q_len, mask_kind, dtype):
     torch.testing.assert_close(got.double().transpose(1, 2), expected, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("cap", [None, 100], ids=["products", "over-the-score-cap"])
+def test_packed_query_takes_the_products_where_asked(cap, monkeypatch):
+    """The dispatch of the CUDA path, run on the CPU: the products unless their scores pass the cap, then SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, kv_heads, groups, q_len, kv_len, dim = 2, 2, 4, 3, 9, 8
+    query, key, value, keep = _attention_inputs(8, batch, kv_heads, groups, q_len, kv_len, dim)
+    monkeypatch.setattr(attention, "PRODUCTS_DEVICE_TYPES", ("cpu",))
+    if cap is not None:
+        monkeypatch.setattr(attention, "MAX_PRODUCT_SCORES", cap)  # 2 x 8 x 3 x 9 = 432 scores: over it
+    module = _Module(groups)
+    expected, _ = sdpa_attention_forward(module, query, key, value, keep)
+    calls = _record_sdpa(monkeypatch)
+    got, _ = attention.packed_gqa_sdpa(module, query, key, value, keep)
+    assert calls == ([] if cap is None else [(batch, kv_heads, groups * q_len, dim)])
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_grouped_products_fully_masked_row_is_finite():
     gen = torch.Generator().manual_seed(6)
     query = torch.randn(2, 4, 1, 8, generator=gen)

@@ -24,8 +24,9 @@ so with few rows they leave the GPU idle and their time grows with the cache
 length (batch 1, 2 key-value heads, 1,024 cached positions: 56 us against 8 us
 for the products, H100, 2026-12-06; at batch 256 and 104 positions 56 against
 36 us; ``benchmarks/experiments/decode_attention.py``, BENCHMARKS.md). The
-scores are kept in fp32, as the fused kernels keep them. On the CPU the packed
-query goes through SDPA.
+scores are kept in fp32, as the fused kernels keep them; they are materialised,
+so a query whose scores would pass ``MAX_PRODUCT_SCORES`` goes to SDPA. On the
+CPU the packed query goes through SDPA.
 
 ``patch`` switches a model's configs from ``"sdpa"`` to this implementation
 (``ATTENTION``, registered with transformers' attention and mask registries
@@ -43,6 +44,11 @@ import torch.nn.functional as F
 ATTENTION = "replayssm_sdpa"
 #: the longest query (tokens) whose grouped heads are packed; longer ones (prefill) go to transformers' path
 MAX_PACKED_QUERY = 16
+#: device types on which a packed query takes the two-product form (elsewhere SDPA's, which suits the CPU)
+PRODUCTS_DEVICE_TYPES = ("cuda",)
+#: the most fp32 scores (batch x heads x query x cache positions) the two-product form materialises (256 MiB);
+#: a larger short query (many rows of a multi-token call over a long cache) goes to SDPA, which keeps none
+MAX_PRODUCT_SCORES = 2**26
 
 
 def packed_gqa_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs):
@@ -62,7 +68,7 @@ def packed_gqa_sdpa(module, query, key, value, attention_mask, dropout: float = 
         and kwargs.get("softcap") is None
         and not kwargs.get("output_attentions", False)
     ):
-        if query.is_cuda:
+        if query.device.type in PRODUCTS_DEVICE_TYPES and batch * heads * q_len * key.shape[2] <= MAX_PRODUCT_SCORES:
             out = grouped_products_attention(query, key, value, attention_mask, scaling)
         else:
             packed = query.reshape(batch, key.shape[1], groups * q_len, query.shape[-1])
