@@ -9,6 +9,7 @@
 #   bash benchmarks/run_gpu.sh hf OUT            # generate.py (all modes, batches, assisted)
 #   bash benchmarks/run_gpu.sh quality OUT       # quality.py on both checkpoints
 #   bash benchmarks/run_gpu.sh copy-verify OUT   # GDN with a bf16 read copy: its CUDA tests, then verify and decode timed
+#   bash benchmarks/run_gpu.sh hf-parts OUT      # the captured HF step's other parts: attention forms, GDN input projections
 #
 # The GDN and HF test limits come from their durations on the H200 on 2026-12-04, with some margin; the other
 # parts keep earlier limits. Each part's limits add up to less than the lent machine's 600 s per call.
@@ -22,7 +23,7 @@
 # has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
 # JSON go to OUT/<step>/ as they are written.
 set -u
-part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality or copy-verify}
+part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify or hf-parts}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -71,8 +72,12 @@ copy-verify)  # GDN verification with a copy reads the checkpoint since 2026-12-
     step spec-gdn-read-bf16 220 python3 benchmarks/spec_kernels.py --out "$out/spec-read" --geometries gdn-16x32x128x128 gdn-16x64x128x128 --headline-only --accept half all random --read-dtype bf16 --repeats 8
     step decode-gdn-read-bf16 150 python3 benchmarks/decode_kernels.py --out "$out/decode-read" --geometries gdn-16x32x128x128 gdn-16x64x128x128 --headline-only --read-dtype bf16 --repeats 8
     ;;
+hf-parts)  # experiments (2026-12-06): the attention run took 88 s on an H100; the projections one has not run yet
+    step decode-attention 200 python3 benchmarks/experiments/decode_attention.py --out "$out/decode_attention.json" --batches 1 16 64 256 --kv 104 1024 4096 --variants "packed sdpa (auto)" "replayssm grouped products" "stock repeat_kv + sdpa"
+    step gdn-projections 120 python3 benchmarks/experiments/gdn_projections.py --out "$out/gdn_projections.json"
+    ;;
 *)
-    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality or copy-verify" >&2
+    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify or hf-parts" >&2
     exit 2
     ;;
 esac
