@@ -10,8 +10,8 @@ length (no ``repeat_kv`` copy); until 2026-12-06 it called ``scaled_dot_product_
 
 This script times, at the model's attention shape, each way of computing the same attention (the stock
 ``repeat_kv`` path, the packed query with SDPA's own choice and with each backend forced, and the packed
-query as two batched matrix products around an fp32 softmax, with bf16 or fp32 scores, and the latter as
-``integrations/hf/attention.py`` ships it since 2026-12-06), each eagerly and through inductor
+query as two batched matrix products around an fp32 softmax, with bf16 scores and, as
+``integrations/hf/attention.py`` ships it since 2026-12-06, with fp32 scores), each eagerly and through inductor
 (``torch.compile``, no CUDA graphs of its own), every call inside one captured CUDA graph of
 ``--calls`` calls, and checks each against a float64 reference first. Prints a table; ``--out`` writes JSON.
 
@@ -76,18 +76,6 @@ def packed_matmul(q, k, v, mask, scale):
     return torch.matmul(probs, v).reshape(q.shape)
 
 
-def packed_matmul_fp32_scores(q, k, v, mask, scale):
-    """The same with the scores kept in fp32 (``bmm(..., out_dtype=float32)``, CUDA only), as SDPA's kernels keep them."""
-    packed = _packed(q, k)
-    batch, kv_heads, rows, dim = packed.shape
-    kt = k.transpose(-1, -2).reshape(batch * kv_heads, dim, -1)
-    scores = torch.bmm(packed.reshape(batch * kv_heads, rows, dim), kt, out_dtype=torch.float32)
-    scores = scores.view(batch, kv_heads, rows, -1) * scale
-    scores = scores.masked_fill(~_packed_mask(mask, q, k), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v).reshape(q.shape)
-
-
 VARIANTS = {
     "stock repeat_kv + sdpa": stock,
     "packed sdpa (auto)": packed_sdpa(None),
@@ -95,8 +83,7 @@ VARIANTS = {
     "packed sdpa efficient": packed_sdpa(SDPBackend.EFFICIENT_ATTENTION),
     "packed sdpa math": packed_sdpa(SDPBackend.MATH),
     "packed matmul": packed_matmul,
-    "packed matmul fp32 scores": packed_matmul_fp32_scores,
-    "replayssm grouped products": lambda q, k, v, mask, scale: grouped_products_attention(q, k, v, mask, scale),
+    "replayssm grouped products": grouped_products_attention,  # the same with fp32 scores, as the library ships it
 }
 
 
