@@ -385,6 +385,7 @@ def measure_mode(
     compile_kwargs: dict,
     profile_steps: int,
     lead: int = 0,
+    separate_projections: bool = False,
 ) -> dict:
     """Patch ``model`` for ``mode`` and measure its decode: tokens/s, ms per step, peak GiB, state-op share."""
     replayssm.unpatch(model)
@@ -394,6 +395,10 @@ def measure_mode(
         config = dataclasses.replace(config, read_dtype=torch.bfloat16)
     if step != "transformers":
         replayssm.patch(model, config, step=step)
+        if separate_projections:  # the GDN input projections as the model built them, not one GEMM
+            for adapter in model._replayssm.adapters.values():
+                if hasattr(adapter, "projections"):
+                    adapter.projections.unbind()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -541,6 +546,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lookup", type=int, default=8, help="prompt-lookup draft length")
     parser.add_argument("--new-tokens", type=int, default=None, help="generate length for the assisted runs")
     parser.add_argument("--no-assisted", action="store_true", help="skip the batch-1 assisted-decoding runs")
+    parser.add_argument(
+        "--separate-projections",
+        action="store_true",
+        help="patched modes compute a GDN layer's input projections one by one, as the model built them (default: one GEMM)",
+    )
     parser.add_argument("--captured", action="store_true", help="also time the patched steps in a static cache through torch.compile")
     parser.add_argument(
         "--compile-backend",
@@ -587,6 +597,7 @@ def main(argv: list[str] | None = None) -> None:
         "repeats": repeats,
         "profile_steps": profile_steps if device.type == "cuda" else 0,
         "modes": list(modes),
+        "separate_projections": args.separate_projections,
         "captured": compile_kwargs if any(m.endswith("captured") for m in modes) else None,
         "kernels": {mod: _importable(mod) for mod in ("mamba_ssm", "causal_conv1d", "fla")},
     }
@@ -606,7 +617,7 @@ def main(argv: list[str] | None = None) -> None:
             for mode in modes:
                 started = time.perf_counter()
                 try:
-                    figures = measure_mode(model, mode, config, batch, prompt, steps, repeats, device, compile_kwargs, profile_steps, lead)
+                    figures = measure_mode(model, mode, config, batch, prompt, steps, repeats, device, compile_kwargs, profile_steps, lead, args.separate_projections)
                 except Exception as err:  # one failed mode (the stock model's OOM at batch 256) must not end the run
                     figures = FAILED
                     row["errors"][mode] = _error_line(err)

@@ -4,12 +4,13 @@
 outputs at the Qwen3.5-like size of ``benchmarks/generate.py``), ``in_proj_z`` (4096), ``in_proj_b`` and
 ``in_proj_a`` (32 each). In the captured decode step at batch 256 (H200, 2026-12-04 20:49 profile) the two
 32-wide products took about 5 us each per layer (31.6 us per step for three layers), as long as a 2048-wide
-one would. The GDN adapter (``integrations/hf/gdn.py``) calls the four layers as the model built them.
+one would, when the GDN adapter (``integrations/hf/gdn.py``) called the four layers as the model built them.
 
 This script times, at that shape (bf16, batch 1 to 256), the four products as they are and one product with
 the four weights concatenated (then split), eagerly and through inductor (``torch.compile``, no CUDA graphs of
 its own), every call inside one captured CUDA graph of ``--calls`` calls, after checking that both give the
-same outputs. Prints a table; ``--out`` writes JSON. Nothing in the library uses the fused form.
+same outputs. Prints a table; ``--out`` writes JSON. Since 2026-12-06 a patched model computes them the
+fused way (``integrations/hf/projections.py``); BENCHMARKS.md has the figures.
 
     PYTHONPATH=src python3 benchmarks/experiments/gdn_projections.py --out /tmp/projections.json
 """

@@ -59,6 +59,14 @@ class MixerAdapter:
         #: decode through the conventional op (the benchmark baseline) instead of replay
         self.conventional = context.step == "conventional"
 
+    # -- patch lifecycle ------------------------------------------------------------------
+
+    def apply(self) -> None:
+        """Run by ``patch`` once every check passed and every adapter is built (changes to the mixer go here)."""
+
+    def restore(self) -> None:
+        """Run by ``unpatch``: undo ``apply``."""
+
     # -- layout -------------------------------------------------------------------------
 
     geometry: object

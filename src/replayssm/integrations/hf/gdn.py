@@ -24,28 +24,34 @@ from ... import ops
 from ...config import ReplayConfig
 from ...state import GDNGeometry, GDNReplayState
 from .base import MixerAdapter, mask_padding
+from .projections import StackedProjections
 
-#: project(mixer, hidden_states) -> (qkv columns (batch, conv_dim, T), z (batch, T, value_dim), b, a (batch, T, value_heads))
-Projection = Callable[[nn.Module, Tensor], tuple[Tensor, Tensor, Tensor, Tensor]]
+#: project(mixer, outputs) -> (qkv columns (batch, conv_dim, T), z (batch, T, value_dim), b, a (batch, T, value_heads)),
+#: ``outputs`` being those of the variant's ``projections`` layers, in order
+Projection = Callable[[nn.Module, list[Tensor]], tuple[Tensor, Tensor, Tensor, Tensor]]
 
 
-def _qwen3_next_projection(mixer: nn.Module, h: Tensor):
-    q, k, v, z, b, a = mixer.fix_query_key_value_ordering(mixer.in_proj_qkvz(h), mixer.in_proj_ba(h))
+def _qwen3_next_projection(mixer: nn.Module, outputs: list[Tensor]):
+    q, k, v, z, b, a = mixer.fix_query_key_value_ordering(*outputs)
     qkv = torch.cat([t.reshape(t.shape[0], t.shape[1], -1) for t in (q, k, v)], dim=-1)
     return qkv.transpose(1, 2), z, b, a
 
 
-def _qwen3_5_projection(mixer: nn.Module, h: Tensor):
-    return mixer.in_proj_qkv(h).transpose(1, 2), mixer.in_proj_z(h), mixer.in_proj_b(h), mixer.in_proj_a(h)
+def _qwen3_5_projection(mixer: nn.Module, outputs: list[Tensor]):
+    qkv, z, b, a = outputs
+    return qkv.transpose(1, 2), z, b, a
 
 
-def _olmo_hybrid_projection(mixer: nn.Module, h: Tensor):
-    qkv = torch.cat([mixer.q_proj(h), mixer.k_proj(h), mixer.v_proj(h)], dim=-1)
-    return qkv.transpose(1, 2), mixer.g_proj(h), mixer.b_proj(h), mixer.a_proj(h)
+def _olmo_hybrid_projection(mixer: nn.Module, outputs: list[Tensor]):
+    q, k, v, g, b, a = outputs
+    return torch.cat([q, k, v], dim=-1).transpose(1, 2), g, b, a
 
 
 @dataclass(frozen=True)
 class GDNVariant:
+    #: the mixer's input projections (``nn.Linear`` layers of the hidden state), computed as one GEMM while
+    #: patched (projections.py)
+    projections: tuple[str, ...]
     project: Projection
     norm: str = "norm"
     out_proj: str = "out_proj"
@@ -53,9 +59,10 @@ class GDNVariant:
     beta_scale: Callable[[nn.Module], float] = lambda mixer: 1.0
 
 
-QWEN3_NEXT = GDNVariant(project=_qwen3_next_projection)
-QWEN3_5 = GDNVariant(project=_qwen3_5_projection)
+QWEN3_NEXT = GDNVariant(projections=("in_proj_qkvz", "in_proj_ba"), project=_qwen3_next_projection)
+QWEN3_5 = GDNVariant(projections=("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), project=_qwen3_5_projection)
 OLMO_HYBRID = GDNVariant(
+    projections=("q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "a_proj"),
     project=_olmo_hybrid_projection,
     norm="o_norm",
     out_proj="o_proj",
@@ -72,9 +79,23 @@ class GDNAdapter(MixerAdapter):
         self.beta_scale = variant.beta_scale(mixer)
         self.norm = getattr(mixer, variant.norm)
         self.out_proj = getattr(mixer, variant.out_proj)
+        self.projections = StackedProjections(mixer, variant.projections)
         self.geometry = GDNGeometry(
             key_heads=mixer.num_k_heads, value_heads=mixer.num_v_heads, key_dim=mixer.head_k_dim, value_dim=mixer.head_v_dim
         )
+
+    def apply(self) -> None:
+        self.projections.bind()
+
+    def restore(self) -> None:
+        self.projections.unbind()
+
+    def forward(self, hidden_states: Tensor, *args, **kwargs) -> Tensor:
+        # Weights replaced since patch() (model.to(...), load_state_dict(assign=True)): stack them again. Eager
+        # calls only: a captured decode step follows an eager prefill, and a per-step check would cost host time.
+        if not torch.compiler.is_compiling():
+            self.projections.refresh()
+        return super().forward(hidden_states, *args, **kwargs)
 
     def new_state(self, slots: int, config: ReplayConfig, device: torch.device) -> GDNReplayState:
         return GDNReplayState(self.geometry, slots, config, device)
@@ -89,7 +110,7 @@ class GDNAdapter(MixerAdapter):
         m, g = self.mixer, self.geometry
         batch, num_tokens, _ = hidden_states.shape
         h = mask_padding(hidden_states, attention_mask)
-        qkv, z, b, a = self.variant.project(m, h)
+        qkv, z, b, a = self.variant.project(m, self.projections(h))
         qkv = self.conv(layer, qkv)
         key_dim, value_dim = g.key_heads * g.key_dim, g.value_heads * g.value_dim
         q, k, v = qkv.split([key_dim, key_dim, value_dim], dim=-1)

@@ -11,7 +11,10 @@ Configs set to transformers' ``"sdpa"`` attention switch to replayssm's
 instead of copying the KV cache per head), registered with transformers'
 attention and mask registries under a new name. No class of transformers
 and no existing registry entry is changed, no parameter or buffer is added,
-so ``state_dict``/``save_pretrained`` are unaffected.
+so ``state_dict``/``save_pretrained`` are unaffected. The one change to
+parameters: a Gated DeltaNet mixer's input projections share one stacked
+storage while patched (``projections.py``; values unchanged, no memory
+added), which ``unpatch`` separates again.
 Every patch also sets ``get_compiled_call`` on the model (the compiled
 decode step of a static-cache ``generate``, with a fallback to eager
 decoding), and ``patch(model, compile=True)`` sets ``generate`` (a wrapper
@@ -167,6 +170,7 @@ def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "
         attention.register()
         attention.switch(context.attention_configs, attention.ATTENTION)
     for adapter in context.adapters.values():
+        adapter.apply()
         adapter.mixer.forward = adapter.forward
         adapter.mixer._replayssm = adapter
     model._replayssm = context
@@ -192,6 +196,7 @@ def unpatch(model: nn.Module) -> nn.Module:
         if mixer.__dict__.get("forward") == adapter.forward:
             del mixer.forward
         mixer.__dict__.pop("_replayssm", None)
+        adapter.restore()
     del model._replayssm
     attention.switch([c for c in context.attention_configs if c._attn_implementation_internal == attention.ATTENTION], "sdpa")
     for name, (had, saved) in context.model_attributes.items():
