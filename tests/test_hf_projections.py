@@ -135,12 +135,15 @@ class _ScaledLinear(nn.Linear):  # a subclass computes something else: must not 
         return 2 * super().forward(x)
 
 
-@pytest.mark.parametrize("why", ["hook", "subclass", "dtype"])
+@pytest.mark.parametrize("why", ["hook", "instance-forward", "subclass", "dtype"])
 def test_projections_that_cannot_be_stacked_stay_apart(why):
     model = testing.tiny_model("qwen3_5")
     mixer = next(m for m in model.modules() if type(m).__name__ == "Qwen3_5GatedDeltaNet")
     if why == "hook":
         mixer.in_proj_b.register_forward_hook(lambda module, args, out: out * 0.5)
+    elif why == "instance-forward":  # how accelerate's hooks wrap a module
+        plain = mixer.in_proj_qkv.forward
+        mixer.in_proj_qkv.forward = lambda x: plain(x) * 0.5
     elif why == "subclass":
         old = mixer.in_proj_z
         mixer.in_proj_z = _ScaledLinear(old.in_features, old.out_features, bias=False)

@@ -31,8 +31,8 @@ def stack_refusal(layers: list[nn.Module]) -> str | None:
     for layer in layers:
         if type(layer) is not nn.Linear:  # quantised or otherwise wrapped linears compute something else
             return f"{type(layer).__name__} is not a plain torch.nn.Linear"
-        if layer._forward_hooks or layer._forward_pre_hooks:
-            return "a forward hook is registered on one of the projections"
+        if layer._forward_hooks or layer._forward_pre_hooks or "forward" in layer.__dict__:
+            return "a forward hook is registered on one of the projections, or its forward replaced (accelerate)"
         if type(layer.weight) is not nn.Parameter or type(layer.weight.data) is not torch.Tensor:
             return "a projection weight is a tensor subclass"
         if layer.weight.device.type == "meta":
