@@ -10,6 +10,7 @@
 #   bash benchmarks/run_gpu.sh quality OUT       # quality.py on both checkpoints
 #   bash benchmarks/run_gpu.sh copy-verify OUT   # GDN with a bf16 read copy: its CUDA tests, then verify and decode timed
 #   bash benchmarks/run_gpu.sh hf-parts OUT      # the captured HF step's other parts: attention forms, GDN input projections
+#   bash benchmarks/run_gpu.sh issue7 OUT        # issue 7's bars: both models at batch 1 and 256, Qwen3.5-like twice
 #
 # The GDN and HF test limits come from their durations on the H200 on 2026-12-04, with some margin; the other
 # parts keep earlier limits. Each part's limits add up to less than the lent machine's 600 s per call.
@@ -23,7 +24,7 @@
 # has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
 # JSON go to OUT/<step>/ as they are written.
 set -u
-part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify or hf-parts}
+part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts or issue7}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -76,8 +77,14 @@ hf-parts)  # experiments (2026-12-06): the attention run took 88 s on an H100; t
     step decode-attention 200 python3 benchmarks/experiments/decode_attention.py --out "$out/decode_attention.json" --batches 1 16 64 256 --kv 104 1024 4096 --variants "packed sdpa (auto)" "replayssm grouped products" "stock repeat_kv + sdpa"
     step gdn-projections 120 python3 benchmarks/experiments/gdn_projections.py --out "$out/gdn_projections.json"
     ;;
+issue7)  # 2026-12-06 on an H100: about 70 s per Qwen3.5-like call at batches 1 and 256, 50 s for Nemotron-H-like
+    modes="transformers conventional-captured replay-captured replay-read-captured"
+    step generate-qwen 200 python3 benchmarks/generate.py --out "$out/generate-qwen" --models qwen3_5-like --batches 1 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
+    step generate-qwen-again 150 python3 benchmarks/generate.py --out "$out/generate-qwen-again" --models qwen3_5-like --batches 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
+    step generate-nemotron 180 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --batches 1 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
+    ;;
 *)
-    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify or hf-parts" >&2
+    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts or issue7" >&2
     exit 2
     ;;
 esac
