@@ -72,7 +72,6 @@ class StackedProjections:
         reason = stack_refusal(layers)
         if reason is not None:
             logger.info("replayssm: %s keeps its projections %s apart: %s", type(self.module).__name__, self.names, reason)
-            self.weight = self.bias = None
             return False
         with torch.no_grad():
             weight = torch.cat([lay.weight for lay in layers])
@@ -98,9 +97,9 @@ class StackedProjections:
             return
         with torch.no_grad():
             for lay in self.layers():
-                if self._shares_storage(lay.weight):
+                if _same_storage(lay.weight, self.weight):
                     lay.weight.data = lay.weight.data.clone()
-                if lay.bias is not None and self.bias is not None and self._shares_storage(lay.bias, self.bias):
+                if lay.bias is not None and self.bias is not None and _same_storage(lay.bias, self.bias):
                     lay.bias.data = lay.bias.data.clone()
         self.weight = self.bias = None
         self._pointers = ()
@@ -108,7 +107,7 @@ class StackedProjections:
     def refresh(self) -> None:
         """Re-stack if the layers' parameters no longer point at the stacked rows (host-side check, no sync)."""
         if self.bound and self._current_pointers() != self._pointers:
-            self.weight = self.bias = None  # the old stack: nothing points at it any more
+            self.weight = self.bias = None  # dropped: bind stacks the weights as they are now
             self.bind()
 
     def __call__(self, hidden_states: Tensor) -> list[Tensor]:
@@ -122,6 +121,6 @@ class StackedProjections:
         params = [p for lay in self.layers() for p in (lay.weight, lay.bias) if p is not None]
         return tuple(p.data_ptr() for p in params)
 
-    def _shares_storage(self, param: Tensor, stacked: Tensor | None = None) -> bool:
-        stacked = self.weight if stacked is None else stacked
-        return param.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+
+def _same_storage(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
