@@ -84,6 +84,20 @@ decoding one, so near-tied logits of a random model can round to different
 argmaxes; the first differing position is recorded) and again with the model
 in fp32, where they must be equal.
 
+With ``--through-generate`` (``--generate-only``: nothing else), each model
+and batch is also timed as a user runs it, through ``model.generate()``
+(greedy, a random prompt of ``--prompt`` tokens): ``steps + 1`` new tokens
+against 1, the difference over ``steps``, median of ``--repeats`` (after a
+warm-up pair), so the prefill and each call's fixed costs cancel while each
+step's own host work in ``generate()`` (input preparation, logits processors,
+stopping criteria and their read of a device value) counts. Modes
+(``GENERATE_MODES``): ``transformers`` (stock ``generate()``, its own cache:
+what issue 7 measured at 40-65 ms per step) and the patched model under
+``patch(model, compile=...)`` with one ``StaticCache`` kept across calls
+(docs/hf.md), conventional, replay, replay with a bf16 read copy. A patched
+mode whose compiled step fell back to eager is recorded as failed. JSON:
+``through_generate``.
+
 Prints a markdown table; writes ``generate.json`` (NaN for a failed mode) and
 ``generate.png`` into ``--out``.
 """
@@ -279,6 +293,85 @@ def time_decode(
         "seconds_per_step": statistics.median(times[1:]) / steps, "share": share, "kernel_ms": kernel_ms, "top": top, "launches": launches,
         "run_peak": run_peak if cuda else None, "decode_peak": decode_peak, **held,
     }  # fmt: skip
+
+
+def time_generate(model, batch: int, prompt: int, steps: int, repeats: int, device: torch.device, cache=None) -> float:
+    """Median seconds per decode step of ``model.generate()`` at ``batch`` rows, as a user calls it: greedy from a
+    random ``prompt``-token prompt, ``steps + 1`` new tokens against 1 (the prefill and its token), the difference
+    over ``steps``. Each call's fixed costs (the prefill, building the cache, re-recording CUDA graphs) cancel; each
+    step's own host work (input preparation, logits processors, stopping criteria and their device read) stays in.
+
+    ``cache``: a cache to pass (``testing.cache_kwarg``), reset before each call (a patched compiled model: one
+    ``StaticCache`` kept, docs/hf.md); None: ``generate()`` builds its own. The first pair of calls warms up
+    (and compiles and records)."""
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(batch)
+    ids = torch.randint(3, vocab, (batch, prompt), generator=gen).to(device)
+    mask = torch.ones_like(ids)
+
+    def call(new_tokens: int) -> float:
+        extra = {}
+        if cache is not None:
+            cache.reset()
+            extra[testing.cache_kwarg(model)] = cache
+        _sync(device)
+        start = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **extra)
+        _sync(device)
+        assert out.shape == (batch, prompt + new_tokens), out.shape
+        return time.perf_counter() - start
+
+    per_step = []
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            short = call(1)
+            per_step.append((call(steps + 1) - short) / steps)
+    return statistics.median(per_step[1:])
+
+
+#: --through-generate's modes: stock generate() (its own cache), and the patched model's generate() under
+#: patch(compile=...) (a StaticCache kept across calls, the step captured)
+GENERATE_MODES = ("transformers", "conventional-captured", "replay-captured", "replay-read-captured")
+
+
+def measure_generate_mode(
+    model, mode: str, config: replayssm.ReplayConfig, batch: int, prompt: int, steps: int, repeats: int, device: torch.device, compile_kwargs: dict
+) -> float:
+    """Seconds per decode step of ``model.generate()`` in ``mode`` (``GENERATE_MODES``), ``time_generate``."""
+    from transformers import CompileConfig, StaticCache
+
+    replayssm.unpatch(model)
+    if mode == "transformers":
+        return time_generate(model, batch, prompt, steps, repeats, device)
+    step, _, variant = mode.partition("-")
+    if variant.startswith("read"):
+        config = dataclasses.replace(config, read_dtype=torch.bfloat16)
+    replayssm.patch(model, config, step=step, compile=CompileConfig(**{"mode": None, **compile_kwargs}))
+    try:
+        text_config = model.config.get_text_config(decoder=True)
+        cache = StaticCache(config=text_config, max_cache_len=prompt + steps + 1)
+        seconds = time_generate(model, batch, prompt, steps, repeats, device, cache)
+        if model._replayssm.compile_failure is not None:  # the eager patched path ran: not a captured figure
+            raise RuntimeError(f"compiled step fell back to eager: {model._replayssm.compile_failure}")
+        return seconds
+    finally:
+        replayssm.unpatch(model)
+        torch._dynamo.reset()
+
+
+def format_generate_table(rows: list[dict]) -> str:
+    """--through-generate's markdown table: ms per step per mode, and each patched mode's speed-up over stock."""
+    modes = list(rows[0]["ms_per_step"]) if rows else []
+    patched = [m for m in modes if m != "transformers"]
+    header = ["model", "batch"] + [f"{m} ms" for m in modes] + [f"{m}/transformers" for m in patched if "transformers" in modes]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        ms = r["ms_per_step"]
+        cells = [r["model"], str(r["batch"])] + [_cell(ms[m], "{:.3f}", "failed") for m in modes]
+        if "transformers" in modes:
+            cells += [_cell(ms["transformers"] / ms[m], "{:.2f}x") for m in patched]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def cache_bytes(cache) -> dict:
@@ -553,6 +646,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--captured", action="store_true", help="also time the patched steps in a static cache through torch.compile")
     parser.add_argument(
+        "--through-generate",
+        action="store_true",
+        help="also time decode steps through model.generate() (stock, and patched with compile=...; see GENERATE_MODES)",
+    )
+    parser.add_argument("--generate-only", action="store_true", help="with --through-generate: only those timings (no single-forward modes)")
+    parser.add_argument(
         "--compile-backend",
         default=None,
         help="torch.compile backend for --captured (default: inductor, mode reduce-overhead = CUDA graphs; "
@@ -574,6 +673,10 @@ def main(argv: list[str] | None = None) -> None:
     new_tokens = args.new_tokens or (8 if tiny else 128)
     dtype = torch.float32 if tiny else torch.bfloat16
     modes = tuple(args.modes) if args.modes else MODES + (CAPTURED_MODES if args.captured else ())
+    if args.generate_only:
+        if not args.through_generate:
+            parser.error("--generate-only needs --through-generate")
+        modes = ()
     backend = args.compile_backend or ("eager" if tiny and device.type != "cuda" else "inductor")
     compile_kwargs = dict(fullgraph=True, dynamic=False, backend=backend)
     if backend == "inductor":
@@ -598,20 +701,24 @@ def main(argv: list[str] | None = None) -> None:
         "profile_steps": profile_steps if device.type == "cuda" else 0,
         "modes": list(modes),
         "separate_projections": args.separate_projections,
-        "captured": compile_kwargs if any(m.endswith("captured") for m in modes) else None,
+        "captured": compile_kwargs if args.through_generate or any(m.endswith("captured") for m in modes) else None,
+        "through_generate": list(GENERATE_MODES) if args.through_generate else [],
         "kernels": {mod: _importable(mod) for mod in ("mamba_ssm", "causal_conv1d", "fla")},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / "generate.json"
     config = replayssm.ReplayConfig(window=args.window)
-    rows, assisted = [], []
+    rows, assisted, generate_rows = [], [], []
 
     def save() -> None:  # after every mode: a run cut off by a time limit keeps what it measured
-        json_path.write_text(json.dumps({"meta": meta, "decode": rows, "assisted": assisted}, indent=2))
+        doc = {"meta": meta, "decode": rows, "assisted": assisted}
+        if args.through_generate:
+            doc["through_generate"] = generate_rows
+        json_path.write_text(json.dumps(doc, indent=2))
 
     for name in args.models:
         model = build(name, tiny, device, dtype)
-        for batch in batches:
+        for batch in batches if modes else ():
             row = {"model": name, "batch": batch, **{figure: {} for figure in FIGURES}, "wall_seconds": {}, "errors": {}}
             rows.append(row)
             for mode in modes:
@@ -635,6 +742,24 @@ def main(argv: list[str] | None = None) -> None:
                         print(f"    {us:9.1f} us/step {launches:5.1f}x  {kernel}", flush=True)
                 save()
         replayssm.unpatch(model)
+        for batch in batches if args.through_generate else ():
+            row = {"model": name, "batch": batch, "ms_per_step": {}, "tokens_per_s": {}, "errors": {}}
+            generate_rows.append(row)
+            for mode in GENERATE_MODES:
+                try:
+                    seconds = measure_generate_mode(model, mode, config, batch, prompt, steps, repeats, device, compile_kwargs)
+                except Exception as err:  # noqa: BLE001 (as above: one failed mode must not end the run)
+                    seconds = float("nan")
+                    row["errors"][mode] = _error_line(err)
+                    print(f"WARNING {name} batch {batch} {mode} through generate() failed: {row['errors'][mode]}", flush=True)
+                    if device.type == "cuda":
+                        gc.collect()
+                        torch.cuda.empty_cache()
+                row["ms_per_step"][mode] = 1000 * seconds
+                row["tokens_per_s"][mode] = batch / seconds
+                if mode not in row["errors"]:
+                    print(f"{name} batch {batch} {mode} through generate(): {1000 * seconds:.3f} ms/step, {batch / seconds:.1f} tok/s", flush=True)
+                save()
         if not args.no_assisted:
             replayssm.patch(model, config)
             greedy_tps, greedy_out = assisted_tokens_per_second(model, new_tokens, repeats, device, None)
@@ -660,7 +785,12 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.empty_cache()
 
     print()
-    print(format_table(rows))
+    if rows:
+        print(format_table(rows))
+    if generate_rows:
+        print()
+        print("Through model.generate():")
+        print(format_generate_table(generate_rows))
     for r in rows:
         for mode, error in r["errors"].items():
             print(f"failed: {r['model']} batch {r['batch']} {mode}: {error}")
@@ -675,8 +805,11 @@ def main(argv: list[str] | None = None) -> None:
                 extra += f"; to eager lookup: {a['identical_to_eager_lookup']}; captured verifications {a['captured_verifications']})"
         print(f"{a['model']:<16} batch 1 {a['method']:<18} {a['tokens_per_s']:>10.1f} tok/s{extra}")
 
-    plot(rows, assisted, args.out / "generate.png")
-    print(f"wrote {json_path} and {args.out / 'generate.png'}")
+    if rows or assisted:
+        plot(rows, assisted, args.out / "generate.png")
+        print(f"wrote {json_path} and {args.out / 'generate.png'}")
+    else:
+        print(f"wrote {json_path}")
 
 
 def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:

@@ -11,6 +11,7 @@
 #   bash benchmarks/run_gpu.sh copy-verify OUT   # GDN with a bf16 read copy: its CUDA tests, then verify and decode timed
 #   bash benchmarks/run_gpu.sh hf-parts OUT      # the captured HF step's other parts: attention forms, GDN input projections
 #   bash benchmarks/run_gpu.sh issue7 OUT        # issue 7's bars: both models at batch 1 and 256, Qwen3.5-like twice
+#   bash benchmarks/run_gpu.sh issue7-generate OUT  # the same through model.generate(), stock against patched compile=...
 #
 # The GDN and HF test limits come from their durations on the H200 on 2026-12-04, with some margin; the other
 # parts keep earlier limits. Each part's limits add up to less than the lent machine's 600 s per call.
@@ -24,7 +25,7 @@
 # has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
 # JSON go to OUT/<step>/ as they are written.
 set -u
-part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts or issue7}
+part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7 or issue7-generate}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -83,8 +84,11 @@ issue7)  # 2026-12-06 on an H100: about 70 s per Qwen3.5-like call at batches 1 
     step generate-qwen-again 150 python3 benchmarks/generate.py --out "$out/generate-qwen-again" --models qwen3_5-like --batches 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
     step generate-nemotron 180 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --batches 1 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
     ;;
+issue7-generate)  # not yet timed on a GPU; the limit is a guess (inductor compiles once per patched mode and batch)
+    step generate-through 300 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like nemotron_h-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted
+    ;;
 *)
-    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts or issue7" >&2
+    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7 or issue7-generate" >&2
     exit 2
     ;;
 esac

@@ -131,3 +131,51 @@ def test_timed_steps_hold_the_steady_state_folds(bench):
     timed = [s for s in folds if lead < s <= lead + steps]
     assert len(timed) == bench.folds_per_row(window, lead, steps) == steps // window
     assert bench.folds_per_row(16, 8, 32) == 2 and bench.folds_per_row(16, 0, 32) == 1 and bench.folds_per_row(16, 8, 64) == 4
+
+
+def test_through_generate_times_stock_and_patched_generate(bench, tmp_path, capsys, monkeypatch):
+    """``--through-generate --generate-only``: per-step times of ``model.generate()`` for stock and the patched
+    compiled modes, from long-minus-short calls; every patched call keeps its compiled step (no eager fallback)."""
+    calls = []
+    time_generate = bench.time_generate
+
+    def spy(model, batch, prompt, steps, repeats, device, cache=None):
+        patched = getattr(model, "_replayssm", None)
+        calls.append((batch, cache is not None, patched is not None))
+        seconds = time_generate(model, batch, prompt, steps, repeats, device, cache)
+        if patched is not None:  # the compiled decode step ran, not the eager fallback
+            assert patched.compile_failure is None
+        return seconds
+
+    monkeypatch.setattr(bench, "time_generate", spy)
+    argv = ["--tiny", "--device", "cpu", "--models", "qwen3_5-like", "--batches", "2", "--steps", "3", "--repeats", "1"]
+    bench.main(argv + ["--through-generate", "--generate-only", "--no-assisted", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "generate.json").read_text())
+    assert result["decode"] == [] and result["meta"]["through_generate"] == list(bench.GENERATE_MODES)
+    [row] = result["through_generate"]
+    assert row["errors"] == {} and set(row["ms_per_step"]) == set(bench.GENERATE_MODES)
+    for mode in bench.GENERATE_MODES:
+        assert row["tokens_per_s"][mode] == pytest.approx(2000 / row["ms_per_step"][mode], rel=1e-9)
+    # stock generate() builds its own cache; each patched mode keeps one static cache across its calls
+    assert calls == [(2, False, False)] + [(2, True, True)] * 3
+    out = capsys.readouterr().out
+    assert "qwen3_5-like batch 2 replay-captured through generate(): " in out
+    assert "| qwen3_5-like | 2 |" in out
+
+
+def test_time_generate_differences_long_and_short_calls(bench, monkeypatch):
+    """Per step = (time of steps + 1 new tokens - time of 1) / steps, median over the repeats after a warm-up pair."""
+    import torch
+
+    # (start, end) of each call: a slow warm-up pair (49.5 s per step, left out), then 0.25 and 0.75 s per step
+    clock = iter([0.0, 1.0, 1.0, 101.0, 10.0, 10.5, 10.5, 11.5, 20.0, 20.5, 20.5, 22.5])
+
+    class Model:
+        config = type("C", (), {"get_text_config": lambda self, decoder: type("T", (), {"vocab_size": 50})()})()
+
+        def generate(self, input_ids, attention_mask, max_new_tokens, min_new_tokens, do_sample, **kwargs):
+            assert min_new_tokens == max_new_tokens and not do_sample
+            return torch.zeros(input_ids.shape[0], input_ids.shape[1] + max_new_tokens, dtype=torch.long)
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    assert bench.time_generate(Model(), 2, 5, 2, 2, torch.device("cpu")) == pytest.approx(0.5)
