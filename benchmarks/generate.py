@@ -86,17 +86,20 @@ in fp32, where they must be equal.
 
 With ``--through-generate`` (``--generate-only``: nothing else), each model
 and batch is also timed as a user runs it, through ``model.generate()``
-(greedy, a random prompt of ``--prompt`` tokens): ``steps + 1`` new tokens
-against 1, the difference over ``steps``, median of ``--repeats`` (after a
-warm-up pair), so the prefill and each call's fixed costs cancel while each
-step's own host work in ``generate()`` (input preparation, logits processors,
-stopping criteria and their read of a device value) counts. Modes
-(``GENERATE_MODES``): ``transformers`` (stock ``generate()``, its own cache:
-what issue 7 measured at 40-65 ms per step) and the patched model under
-``patch(model, compile=...)`` with one ``StaticCache`` kept across calls
-(docs/hf.md), conventional, replay, replay with a bf16 read copy. A patched
-mode whose compiled step fell back to eager is recorded as failed. JSON:
-``through_generate``.
+(greedy, a random prompt of ``--prompt`` tokens, ``min_new_tokens`` =
+``max_new_tokens``), ``time_generate``: calls for ``2 steps + 1`` against
+``steps + 1`` new tokens, the difference over ``steps``, median of
+``--repeats`` (after a warm-up round), so the prefill and each call's fixed
+costs cancel while each step's own host work in ``generate()`` (input
+preparation, logits processors, stopping criteria and their read of a
+device value) counts; and what a call's decode costs beyond its steps (its
+first steps' one-off work, such as recording CUDA graphs for a new cache).
+Modes (``GENERATE_MODES``): ``transformers`` (stock ``generate()``, its own
+cache: what issue 7 measured at 40-65 ms per step) and the patched model
+under ``patch(model, compile=...)`` with one ``StaticCache`` kept across
+calls (docs/hf.md), conventional, replay, replay with a bf16 read copy. A
+patched mode whose compiled step fell back to eager is recorded as failed.
+JSON: ``through_generate``.
 
 Prints a markdown table; writes ``generate.json`` (NaN for a failed mode) and
 ``generate.png`` into ``--out``.
@@ -295,15 +298,18 @@ def time_decode(
     }  # fmt: skip
 
 
-def time_generate(model, batch: int, prompt: int, steps: int, repeats: int, device: torch.device, cache=None) -> float:
-    """Median seconds per decode step of ``model.generate()`` at ``batch`` rows, as a user calls it: greedy from a
-    random ``prompt``-token prompt, ``steps + 1`` new tokens against 1 (the prefill and its token), the difference
-    over ``steps``. Each call's fixed costs (the prefill, building the cache, re-recording CUDA graphs) cancel; each
+def time_generate(model, batch: int, prompt: int, steps: int, repeats: int, device: torch.device, cache=None) -> tuple[float, float]:
+    """Seconds per decode step of ``model.generate()`` at ``batch`` rows, as a user calls it (greedy from a random
+    ``prompt``-token prompt), and the fixed decode cost of a call, medians over ``repeats`` after a warm-up round.
+
+    Each round makes three calls: 1 new token (the prefill and its token), ``steps + 1`` and ``2 steps + 1``. Per
+    step: (third - second) / ``steps``, so each call's fixed costs (the prefill, building the cache, whatever the
+    first decode steps of a call do once, such as recording a CUDA graph for new cache addresses) cancel, and each
     step's own host work (input preparation, logits processors, stopping criteria and their device read) stays in.
+    Per call: (second - first) - ``steps`` x per step, what a call's decode costs beyond its steps.
 
     ``cache``: a cache to pass (``testing.cache_kwarg``), reset before each call (a patched compiled model: one
-    ``StaticCache`` kept, docs/hf.md); None: ``generate()`` builds its own. The first pair of calls warms up
-    (and compiles and records)."""
+    ``StaticCache`` kept, docs/hf.md); None: ``generate()`` builds its own."""
     vocab = model.config.get_text_config(decoder=True).vocab_size
     gen = torch.Generator(device="cpu").manual_seed(batch)
     ids = torch.randint(3, vocab, (batch, prompt), generator=gen).to(device)
@@ -321,12 +327,13 @@ def time_generate(model, batch: int, prompt: int, steps: int, repeats: int, devi
         assert out.shape == (batch, prompt + new_tokens), out.shape
         return time.perf_counter() - start
 
-    per_step = []
+    per_step, per_call = [], []
     with torch.no_grad():
         for _ in range(repeats + 1):
-            short = call(1)
-            per_step.append((call(steps + 1) - short) / steps)
-    return statistics.median(per_step[1:])
+            short, mid, long = call(1), call(steps + 1), call(2 * steps + 1)
+            per_step.append((long - mid) / steps)
+            per_call.append(mid - short - steps * per_step[-1])
+    return statistics.median(per_step[1:]), statistics.median(per_call[1:])
 
 
 #: --through-generate's modes: stock generate() (its own cache), and the patched model's generate() under
@@ -337,7 +344,7 @@ GENERATE_MODES = ("transformers", "conventional-captured", "replay-captured", "r
 def measure_generate_mode(
     model, mode: str, config: replayssm.ReplayConfig, batch: int, prompt: int, steps: int, repeats: int, device: torch.device, compile_kwargs: dict
 ) -> float:
-    """Seconds per decode step of ``model.generate()`` in ``mode`` (``GENERATE_MODES``), ``time_generate``."""
+    """Seconds per decode step of ``model.generate()`` in ``mode`` (``GENERATE_MODES``), and per call: ``time_generate``."""
     from transformers import CompileConfig, StaticCache
 
     replayssm.unpatch(model)
@@ -352,11 +359,11 @@ def measure_generate_mode(
     replayssm.patch(model, config, step=step, compile=CompileConfig(**{"mode": None, **compile_kwargs}))
     try:
         text_config = model.config.get_text_config(decoder=True)
-        cache = StaticCache(config=text_config, max_cache_len=prompt + steps + 1)
-        seconds = time_generate(model, batch, prompt, steps, repeats, device, cache)
+        cache = StaticCache(config=text_config, max_cache_len=prompt + 2 * steps + 1)  # time_generate's longest call
+        timed = time_generate(model, batch, prompt, steps, repeats, device, cache)
         if model._replayssm.compile_failure is not None:  # the eager patched path ran: not a captured figure
             raise RuntimeError(f"compiled step fell back to eager: {model._replayssm.compile_failure}")
-        return seconds
+        return timed
     finally:
         replayssm.unpatch(model)
         torch._dynamo.reset()
@@ -366,13 +373,17 @@ def format_generate_table(rows: list[dict]) -> str:
     """--through-generate's markdown table: ms per step per mode, and each patched mode's speed-up over stock."""
     modes = list(rows[0]["ms_per_step"]) if rows else []
     patched = [m for m in modes if m != "transformers"]
-    header = ["model", "batch"] + [f"{m} ms" for m in modes] + [f"{m}/transformers" for m in patched if "transformers" in modes]
+    header = (
+        ["model", "batch"] + [f"{m} ms" for m in modes] + [f"{m}/transformers" for m in patched if "transformers" in modes]
+        + [f"{m} ms more per call" for m in modes]
+    )  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         ms = r["ms_per_step"]
         cells = [r["model"], str(r["batch"])] + [_cell(ms[m], "{:.3f}", "failed") for m in modes]
         if "transformers" in modes:
             cells += [_cell(ms["transformers"] / ms[m], "{:.2f}x") for m in patched]
+        cells += [_cell(r["ms_per_call"][m], "{:.1f}", "failed") for m in modes]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -746,13 +757,13 @@ def main(argv: list[str] | None = None) -> None:
                 save()
         replayssm.unpatch(model)
         for batch in batches if args.through_generate else ():
-            row = {"model": name, "batch": batch, "ms_per_step": {}, "tokens_per_s": {}, "errors": {}}
+            row = {"model": name, "batch": batch, "ms_per_step": {}, "tokens_per_s": {}, "ms_per_call": {}, "errors": {}}
             generate_rows.append(row)
             for mode in GENERATE_MODES:
                 try:
-                    seconds = measure_generate_mode(model, mode, config, batch, prompt, steps, repeats, device, compile_kwargs)
+                    seconds, call_seconds = measure_generate_mode(model, mode, config, batch, prompt, steps, repeats, device, compile_kwargs)
                 except Exception as err:  # noqa: BLE001 (as above: one failed mode must not end the run)
-                    seconds = float("nan")
+                    seconds = call_seconds = float("nan")
                     row["errors"][mode] = _error_line(err)
                     print(f"WARNING {name} batch {batch} {mode} through generate() failed: {row['errors'][mode]}", flush=True)
                     if device.type == "cuda":
@@ -760,8 +771,13 @@ def main(argv: list[str] | None = None) -> None:
                         torch.cuda.empty_cache()
                 row["ms_per_step"][mode] = 1000 * seconds
                 row["tokens_per_s"][mode] = batch / seconds
+                row["ms_per_call"][mode] = 1000 * call_seconds
                 if mode not in row["errors"]:
-                    print(f"{name} batch {batch} {mode} through generate(): {1000 * seconds:.3f} ms/step, {batch / seconds:.1f} tok/s", flush=True)
+                    print(
+                        f"{name} batch {batch} {mode} through generate(): {1000 * seconds:.3f} ms/step, {batch / seconds:.1f} tok/s, "
+                        f"{1000 * call_seconds:.1f} ms more per call",
+                        flush=True,
+                    )
                 save()
         if not args.no_assisted:
             replayssm.patch(model, config)

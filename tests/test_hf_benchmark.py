@@ -164,18 +164,24 @@ def test_through_generate_times_stock_and_patched_generate(bench, tmp_path, caps
 
 
 def test_time_generate_differences_long_and_short_calls(bench, monkeypatch):
-    """Per step = (time of steps + 1 new tokens - time of 1) / steps, median over the repeats after a warm-up pair."""
+    """Per step = (time of 2 steps + 1 new tokens - time of steps + 1) / steps; per call = (time of steps + 1 - time
+    of 1) - steps x per step; medians over the repeats after a warm-up round."""
     import torch
 
-    # (start, end) of each call: a slow warm-up pair (49.5 s per step, left out), then 0.25 and 0.75 s per step
-    clock = iter([0.0, 1.0, 1.0, 101.0, 10.0, 10.5, 10.5, 11.5, 20.0, 20.5, 20.5, 22.5])
+    # (start, end) of each call, rounds of 1 / 3 / 5 new tokens (steps 2): a slow warm-up round (left out), then
+    # per step 0.25 and 0.75 s, per call 1.0 and 0.0 s
+    clock = iter([0, 1, 1, 2, 2, 100] + [10, 10.5, 10.5, 12.5, 12.5, 15] + [20, 20.5, 20.5, 22.5, 22.5, 26])
+    asked = []
 
     class Model:
         config = type("C", (), {"get_text_config": lambda self, decoder: type("T", (), {"vocab_size": 50})()})()
 
         def generate(self, input_ids, attention_mask, max_new_tokens, min_new_tokens, do_sample, **kwargs):
             assert min_new_tokens == max_new_tokens and not do_sample
+            asked.append(max_new_tokens)
             return torch.zeros(input_ids.shape[0], input_ids.shape[1] + max_new_tokens, dtype=torch.long)
 
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
-    assert bench.time_generate(Model(), 2, 5, 2, 2, torch.device("cpu")) == pytest.approx(0.5)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(clock)))
+    per_step, per_call = bench.time_generate(Model(), 2, 5, 2, 2, torch.device("cpu"))
+    assert asked == [1, 3, 5] * 3
+    assert per_step == pytest.approx(0.5) and per_call == pytest.approx(0.5)
