@@ -97,8 +97,13 @@ first steps' one-off work, such as recording CUDA graphs for a new cache).
 Modes (``GENERATE_MODES``): ``transformers`` (stock ``generate()``, its own
 cache: what issue 7 measured at 40-65 ms per step) and the patched model
 under ``patch(model, compile=...)`` with one ``StaticCache`` kept across
-calls (docs/hf.md), conventional, replay, replay with a bf16 read copy. A
-patched mode whose compiled step fell back to eager is recorded as failed.
+calls (docs/hf.md), conventional, replay, replay with a bf16 read copy;
+and conventional and replay with the cache ``generate()`` makes per call
+(``-new-cache``: CUDA graphs re-recorded per call, counted per call), and
+the same with the stop flag read one step late on CUDA (``-deferred``:
+``compiled.DEFER_STOP_CHECK``, which a returned cache such as a kept one
+does not allow). A patched mode whose compiled step fell back to eager is
+recorded as failed.
 JSON: ``through_generate``.
 
 Prints a markdown table; writes ``generate.json`` (NaN for a failed mode) and
@@ -123,7 +128,7 @@ from pathlib import Path
 import torch
 
 import replayssm
-from replayssm.integrations.hf import testing
+from replayssm.integrations.hf import compiled, testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _profile import profiled_kernels  # noqa: E402
@@ -337,8 +342,14 @@ def time_generate(model, batch: int, prompt: int, steps: int, repeats: int, devi
 
 
 #: --through-generate's modes: stock generate() (its own cache), and the patched model's generate() under
-#: patch(compile=...) (a StaticCache kept across calls, the step captured)
-GENERATE_MODES = ("transformers", "conventional-captured", "replay-captured", "replay-read-captured")
+#: patch(compile=...), the step captured: with one StaticCache kept across calls (which generate() returns, so
+#: transformers reads its stop flag on the host every step); ``-new-cache``: with the StaticCache generate() makes
+#: per call (CUDA graphs re-recorded per call); ``-deferred``: the same with compiled.DEFER_STOP_CHECK on (on CUDA
+#: the stop flag read one step late)
+GENERATE_MODES = (
+    "transformers", "conventional-captured", "replay-captured", "replay-read-captured",
+    "conventional-captured-new-cache", "replay-captured-new-cache", "conventional-captured-deferred", "replay-captured-deferred",
+)  # fmt: skip
 
 
 def measure_generate_mode(
@@ -357,14 +368,20 @@ def measure_generate_mode(
     if variant.startswith("read"):
         config = dataclasses.replace(config, read_dtype=torch.bfloat16)
     replayssm.patch(model, config, step=step, compile=CompileConfig(**{"mode": None, **compile_kwargs}))
+    defer = compiled.DEFER_STOP_CHECK
     try:
-        text_config = model.config.get_text_config(decoder=True)
-        cache = StaticCache(config=text_config, max_cache_len=prompt + 2 * steps + 1)  # time_generate's longest call
+        cache = None
+        if mode.endswith(("-new-cache", "-deferred")):
+            compiled.DEFER_STOP_CHECK = mode.endswith("-deferred")
+        else:
+            text_config = model.config.get_text_config(decoder=True)
+            cache = StaticCache(config=text_config, max_cache_len=prompt + 2 * steps + 1)  # time_generate's longest call
         timed = time_generate(model, batch, prompt, steps, repeats, device, cache)
         if model._replayssm.compile_failure is not None:  # the eager patched path ran: not a captured figure
             raise RuntimeError(f"compiled step fell back to eager: {model._replayssm.compile_failure}")
         return timed
     finally:
+        compiled.DEFER_STOP_CHECK = defer
         replayssm.unpatch(model)
         torch._dynamo.reset()
 
@@ -666,6 +683,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--generate-only", action="store_true", help="with --through-generate: only those timings (no single-forward modes)")
     parser.add_argument(
+        "--generate-modes", nargs="+", default=list(GENERATE_MODES), choices=GENERATE_MODES, help="with --through-generate: these modes"
+    )
+    parser.add_argument(
         "--compile-backend",
         default=None,
         help="torch.compile backend for --captured (default: inductor, mode reduce-overhead = CUDA graphs; "
@@ -716,7 +736,7 @@ def main(argv: list[str] | None = None) -> None:
         "modes": list(modes),
         "separate_projections": args.separate_projections,
         "captured": compile_kwargs if args.through_generate or any(m.endswith("captured") for m in modes) else None,
-        "through_generate": list(GENERATE_MODES) if args.through_generate else [],
+        "through_generate": list(args.generate_modes) if args.through_generate else [],
         "kernels": {mod: _importable(mod) for mod in ("mamba_ssm", "causal_conv1d", "fla")},
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -759,7 +779,7 @@ def main(argv: list[str] | None = None) -> None:
         for batch in batches if args.through_generate else ():
             row = {"model": name, "batch": batch, "ms_per_step": {}, "tokens_per_s": {}, "ms_per_call": {}, "errors": {}}
             generate_rows.append(row)
-            for mode in GENERATE_MODES:
+            for mode in args.generate_modes:
                 try:
                     seconds, call_seconds = measure_generate_mode(model, mode, config, batch, prompt, steps, repeats, device, compile_kwargs)
                 except Exception as err:  # noqa: BLE001 (as above: one failed mode must not end the run)

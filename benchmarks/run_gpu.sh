@@ -84,8 +84,9 @@ issue7)  # 2026-12-06 on an H100: about 70 s per Qwen3.5-like call at batches 1 
     step generate-qwen-again 150 python3 benchmarks/generate.py --out "$out/generate-qwen-again" --models qwen3_5-like --batches 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
     step generate-nemotron 180 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --batches 1 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
     ;;
-issue7-generate)  # not yet timed on a GPU; the limit is a guess (inductor compiles once per patched mode and batch)
-    step generate-through 300 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like nemotron_h-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted
+issue7-generate)  # 2026-12-07 (H100, an earlier form: 4 modes, 2 models, 2 batches) 108 s; now 8 modes and 3 calls a round
+    step defer-tests 150 python3 -m pytest -q tests/test_hf_cuda.py -k defers
+    step generate-through 400 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like nemotron_h-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted
     ;;
 *)
     echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7 or issue7-generate" >&2

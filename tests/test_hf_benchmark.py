@@ -136,12 +136,15 @@ def test_timed_steps_hold_the_steady_state_folds(bench):
 def test_through_generate_times_stock_and_patched_generate(bench, tmp_path, capsys, monkeypatch):
     """``--through-generate --generate-only``: per-step times of ``model.generate()`` for stock and the patched
     compiled modes, from long-minus-short calls; every patched call keeps its compiled step (no eager fallback)."""
-    calls = []
+    from replayssm.integrations.hf import compiled
+
+    calls, deferred = [], []
     time_generate = bench.time_generate
 
     def spy(model, batch, prompt, steps, repeats, device, cache=None):
         patched = getattr(model, "_replayssm", None)
         calls.append((batch, cache is not None, patched is not None))
+        deferred.append(compiled.DEFER_STOP_CHECK)
         seconds = time_generate(model, batch, prompt, steps, repeats, device, cache)
         if patched is not None:  # the compiled decode step ran, not the eager fallback
             assert patched.compile_failure is None
@@ -156,8 +159,10 @@ def test_through_generate_times_stock_and_patched_generate(bench, tmp_path, caps
     assert row["errors"] == {} and set(row["ms_per_step"]) == set(bench.GENERATE_MODES)
     for mode in bench.GENERATE_MODES:
         assert row["tokens_per_s"][mode] == pytest.approx(2000 / row["ms_per_step"][mode], rel=1e-9)
-    # stock generate() builds its own cache; each patched mode keeps one static cache across its calls
-    assert calls == [(2, False, False)] + [(2, True, True)] * 3
+    # stock generate() builds its own cache; the patched modes keep one static cache across their calls, but
+    # for the -new-cache ones, where generate() makes one per call
+    assert calls == [(2, False, False)] + [(2, True, True)] * 3 + [(2, False, True)] * 4
+    assert deferred == [False] * 6 + [True] * 2 and compiled.DEFER_STOP_CHECK is False  # only the -deferred modes
     out = capsys.readouterr().out
     assert "qwen3_5-like batch 2 replay-captured through generate(): " in out
     assert "| qwen3_5-like | 2 |" in out

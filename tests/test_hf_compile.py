@@ -208,3 +208,58 @@ def test_compile_patch_is_undone_and_checked():
     with pytest.raises(TypeError, match="compile must be"):
         replayssm.patch(model, compile="yes")
     assert not replayssm.integrations.hf.is_patched(model)
+
+
+def test_deferred_stop_check_is_enabled_on_cuda_only_inside_the_block():
+    """compiled.deferred_stop_check_on_cuda: transformers' own conditions for mps applied to CUDA devices while
+    the block runs (nested blocks too), the original restored after, nothing changed when disabled."""
+    gu = pytest.importorskip("transformers.generation.utils")
+    if not hasattr(gu, "DeferredStopCheck"):
+        pytest.skip("this transformers has no DeferredStopCheck")
+    from replayssm.integrations.hf import compiled
+
+    original = gu.DeferredStopCheck.__dict__["is_supported"]
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    supported = gu.DeferredStopCheck.is_supported
+    assert not supported(cuda, None, False, False)  # transformers: mps only
+    with compiled.deferred_stop_check_on_cuda(enabled=False):
+        assert not gu.DeferredStopCheck.is_supported(cuda, None, False, False)
+    with compiled.deferred_stop_check_on_cuda():
+        with compiled.deferred_stop_check_on_cuda():
+            assert gu.DeferredStopCheck.is_supported(cuda, None, False, False)
+        supported = gu.DeferredStopCheck.is_supported
+        assert supported(cuda, None, False, False)  # still inside the outer block
+        assert not supported(cuda, None, False, True)  # never for an assistant
+        assert not supported(cpu, None, False, False)
+        # a returned cache must be croppable: a hybrid's with recurrent states is not
+        uncroppable = type("C", (), {"is_croppable": False})()
+        assert not supported(cuda, uncroppable, True, False) and supported(cuda, uncroppable, False, False)
+    assert gu.DeferredStopCheck.__dict__["is_supported"] is original
+
+
+def test_generate_asks_for_the_deferred_stop_check_only_on_cuda_when_switched_on(monkeypatch):
+    """The patched generate() wraps transformers' in deferred_stop_check_on_cuda, enabled only with
+    compiled.DEFER_STOP_CHECK on, the model on CUDA, and no assisted decoding; the tokens are unchanged."""
+    import contextlib
+
+    from replayssm.integrations.hf import compiled
+
+    asked = []
+
+    @contextlib.contextmanager
+    def record(enabled=True):
+        asked.append(enabled)
+        yield
+
+    monkeypatch.setattr(compiled, "deferred_stop_check_on_cuda", record)
+    model = _patched("qwen3_5", _compile_config())
+    ids = torch.randint(3, testing.VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    first = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)
+    monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", True)
+    second = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)  # on the CPU: still off
+    monkeypatch.setattr(compiled, "_on_cuda", lambda model: True)
+    third = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)
+    model.generate(input_ids=ids[:1], max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=2)
+    assert asked[:3] == [False, False, True]
+    assert not any(asked[3:])  # assisted decoding (captured verification here): never deferred
+    assert torch.equal(first, second) and torch.equal(first, third)

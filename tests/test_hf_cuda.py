@@ -143,3 +143,44 @@ def test_captured_assisted_equals_eager_patched_bf16(model_type):
                 assert torch.equal(model.generate(prompt, **mode, **kwargs), ref_tokens), f"{model_type} {sorted(mode)}"
     assert model._replayssm.compile_failure is None and model._replayssm.captured_verifications > 0
     assert counters["inductor"]["cudagraph_skips"] == 0, "inductor ran a verification without CUDA graphs"
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5"])
+def test_captured_generate_defers_its_stop_check_and_keeps_the_tokens(model_type, monkeypatch):
+    """With compiled.DEFER_STOP_CHECK on, a patched compiled generate() on CUDA reads its stop flag one step late
+    (compiled.deferred_stop_check_on_cuda: no host wait per step) when it returns no cache: the tokens stay those of the eager patched path, for a
+    length limit and for an end-of-sequence token, and transformers' per-step read is back after the call."""
+    from transformers.generation import utils as generation_utils
+
+    from replayssm.integrations.hf import compiled
+
+    monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", True)  # off by default until this test has run on a GPU
+    used = []
+    init = generation_utils.DeferredStopCheck.__init__
+
+    def spy(self, *args, **kwargs):
+        used.append(True)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(generation_utils.DeferredStopCheck, "__init__", spy)
+    ids, mask = testing.left_padded_prompts()
+    ids, mask = ids.cuda(), mask.cuda()
+    eager = _model(model_type, compile=False)
+    expected = eager.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+    # an end-of-sequence token that one row emits part-way: the rows stop at different steps
+    eos = int(expected[0, ids.shape[1] + NEW_TOKENS // 2])
+    expected_eos = eager.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    assert not used  # eager: transformers' own choice (mps only)
+    del eager
+
+    model = _model(model_type, compile=True)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(2):
+            tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+            assert torch.equal(tokens, expected), f"{model_type}: tokens differ with the deferred stop check"
+        tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=0)
+        assert torch.equal(tokens, expected_eos), f"{model_type}: tokens differ with the deferred stop check and an eos"
+    assert len(used) == 3 and model._replayssm.compile_failure is None
+    assert not generation_utils.DeferredStopCheck.is_supported(torch.device("cuda"), None, False, False)

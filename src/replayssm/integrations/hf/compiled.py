@@ -81,9 +81,11 @@ patch, with the logged reason.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import re
+import threading
 import warnings
 
 import torch
@@ -369,6 +371,61 @@ def _generate_wrapper(model, context):
         if not assisted and "compile_config" not in kwargs and getattr(generation_config, "compile_config", None) is None:
             if getattr(model.generation_config, "compile_config", None) is None:
                 kwargs["compile_config"] = context.compile_config
-        return original(*args, **kwargs)
+        with deferred_stop_check_on_cuda(DEFER_STOP_CHECK and not assisted and _on_cuda(model)):
+            return original(*args, **kwargs)
 
     return generate
+
+
+#: Whether a patched compiled model's ``generate()`` on CUDA reads its stop decision one step late (below).
+#: Off until it has run on a GPU (tests/test_hf_cuda.py has its test, benchmarks/generate.py its timing):
+#: False leaves the choice to transformers (mps only).
+DEFER_STOP_CHECK = False
+_DEFER_LOCK = threading.Lock()
+_defer_depth = 0
+_defer_original = None
+
+
+@contextlib.contextmanager
+def deferred_stop_check_on_cuda(enabled: bool = True):
+    """Let transformers' ``DeferredStopCheck`` run on CUDA devices while the block runs.
+
+    transformers' decode loop (5.17 to 5.25) asks after every step whether all rows have stopped, by reading
+    ``unfinished_sequences.max() == 0`` on the host: the host waits for the step to finish before it prepares the
+    next, so its per-step work (input preparation, the compiled call's CUDA-graph bookkeeping, logits processing)
+    adds to the GPU time instead of overlapping it. Its ``DeferredStopCheck`` copies that flag to pinned memory
+    asynchronously and reads it one step later (one extra forward at the end, which it undoes), so the host stays a
+    step ahead; transformers enables it only on Apple's ``mps`` devices. Here it is enabled for CUDA devices under
+    transformers' own conditions for ``mps`` (never for an assistant; a cache that ``generate()`` returns must be
+    croppable, which hybrid caches with recurrent states are not, so a user-held cache keeps the per-step read).
+    The switch is process-wide while any such block runs (a counted, locked swap); a transformers without the class
+    is left as it is."""
+    global _defer_depth, _defer_original
+    try:
+        from transformers.generation.utils import DeferredStopCheck
+    except ImportError:
+        DeferredStopCheck = None
+    original = None if DeferredStopCheck is None else DeferredStopCheck.__dict__.get("is_supported")
+    if not enabled or not isinstance(original, staticmethod):
+        yield
+        return
+    with _DEFER_LOCK:
+        if _defer_depth == 0:
+            _defer_original = original
+            check = original.__func__
+
+            def is_supported(device, cache, cache_is_returned, is_assistant):
+                if torch.device(device).type == "cuda":  # transformers' conditions for mps
+                    device = torch.device("mps")
+                return check(device, cache, cache_is_returned, is_assistant)
+
+            DeferredStopCheck.is_supported = staticmethod(is_supported)
+        _defer_depth += 1
+    try:
+        yield
+    finally:
+        with _DEFER_LOCK:
+            _defer_depth -= 1
+            if _defer_depth == 0:
+                DeferredStopCheck.is_supported = _defer_original
+                _defer_original = None
