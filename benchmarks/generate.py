@@ -354,7 +354,7 @@ GENERATE_MODES = (
 
 def measure_generate_mode(
     model, mode: str, config: replayssm.ReplayConfig, batch: int, prompt: int, steps: int, repeats: int, device: torch.device, compile_kwargs: dict
-) -> float:
+) -> tuple[float, float]:
     """Seconds per decode step of ``model.generate()`` in ``mode`` (``GENERATE_MODES``), and per call: ``time_generate``."""
     from transformers import CompileConfig, StaticCache
 
