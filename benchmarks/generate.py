@@ -786,9 +786,6 @@ def main(argv: list[str] | None = None) -> None:
                     seconds = call_seconds = float("nan")
                     row["errors"][mode] = _error_line(err)
                     print(f"WARNING {name} batch {batch} {mode} through generate() failed: {row['errors'][mode]}", flush=True)
-                    if device.type == "cuda":
-                        gc.collect()
-                        torch.cuda.empty_cache()
                 row["ms_per_step"][mode] = 1000 * seconds
                 row["tokens_per_s"][mode] = batch / seconds
                 row["ms_per_call"][mode] = 1000 * call_seconds

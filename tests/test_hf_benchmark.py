@@ -135,7 +135,7 @@ def test_timed_steps_hold_the_steady_state_folds(bench):
 
 def test_through_generate_times_stock_and_patched_generate(bench, tmp_path, capsys, monkeypatch):
     """``--through-generate --generate-only``: per-step times of ``model.generate()`` for stock and the patched
-    compiled modes, from long-minus-short calls; every patched call keeps its compiled step (no eager fallback)."""
+    compiled modes (time_generate); every patched call keeps its compiled step (no eager fallback)."""
     from replayssm.integrations.hf import compiled
 
     calls, deferred = [], []
@@ -145,10 +145,10 @@ def test_through_generate_times_stock_and_patched_generate(bench, tmp_path, caps
         patched = getattr(model, "_replayssm", None)
         calls.append((batch, cache is not None, patched is not None))
         deferred.append(compiled.DEFER_STOP_CHECK)
-        seconds = time_generate(model, batch, prompt, steps, repeats, device, cache)
+        timed = time_generate(model, batch, prompt, steps, repeats, device, cache)
         if patched is not None:  # the compiled decode step ran, not the eager fallback
             assert patched.compile_failure is None
-        return seconds
+        return timed
 
     monkeypatch.setattr(bench, "time_generate", spy)
     argv = ["--tiny", "--device", "cpu", "--models", "qwen3_5-like", "--batches", "2", "--steps", "3", "--repeats", "1"]
