@@ -231,9 +231,11 @@ def test_deferred_stop_check_is_enabled_on_cuda_only_inside_the_block():
         assert supported(cuda, None, False, False)  # still inside the outer block
         assert not supported(cuda, None, False, True)  # never for an assistant
         assert not supported(cpu, None, False, False)
-        # a returned cache must be croppable: a hybrid's with recurrent states is not
-        uncroppable = type("C", (), {"is_croppable": False})()
-        assert not supported(cuda, uncroppable, True, False) and supported(cuda, uncroppable, False, False)
+        # a cache generate() returns is never deferred (replayssm's rule: it would be cropped every step), croppable
+        # or not; one it drops is, croppable or not (transformers' rule)
+        for croppable in (False, True):
+            cache = type("C", (), {"is_croppable": croppable})()
+            assert not supported(cuda, cache, True, False) and supported(cuda, cache, False, False)
     assert gu.DeferredStopCheck.__dict__["is_supported"] is original
 
 
@@ -263,3 +265,73 @@ def test_generate_asks_for_the_deferred_stop_check_only_on_cuda_when_switched_on
     assert asked[:3] == [False, False, True]
     assert not any(asked[3:])  # assisted decoding (captured verification here): never deferred
     assert torch.equal(first, second) and torch.equal(first, third)
+
+
+class _HostEvent:
+    """Stands in for ``torch.Event`` on the CPU, which has no events: CPU work is done when it is issued."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "nemotron_h"])
+def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_type, monkeypatch):
+    """transformers' DeferredStopCheck run for real through the compiled generate() (on the CPU, as if on CUDA):
+    the step it decodes past the stop is dropped, tokens equal the eager patched path with a length limit and with
+    an end-of-sequence token, no fallback; a cache that generate() returns (passed by the caller) is not deferred,
+    since its per-step crop would make the captured step recompile."""
+    gu = pytest.importorskip("transformers.generation.utils")
+    if not hasattr(gu, "DeferredStopCheck"):
+        pytest.skip("this transformers has no DeferredStopCheck")
+    from transformers import StaticCache
+
+    from replayssm.integrations.hf import compiled
+
+    monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", True)
+    monkeypatch.setattr(compiled, "_on_cuda", lambda model: True)
+    monkeypatch.setattr(compiled, "_DEFER_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(torch, "Event", _HostEvent)
+    used = []
+    init = gu.DeferredStopCheck.__init__
+
+    def spy(self, *args, **kwargs):
+        used.append(True)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(gu.DeferredStopCheck, "__init__", spy)
+    ids, mask = testing.left_padded_prompts()
+    eager = _patched(model_type, False)
+    expected = eager.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+    # a token that row 0 emits part-way as end-of-sequence: rows stop at different steps
+    eos = int(expected[0, ids.shape[1] + NEW_TOKENS // 2])
+    by_eos = dict(eos_token_id=eos, pad_token_id=0)
+    expected_eos = eager.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, **by_eos)
+    assert not used  # the eager patched path keeps transformers' own choice
+
+    model = _patched(model_type, _compile_config())
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager would warn
+        for _ in range(2):
+            tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+            assert torch.equal(tokens, expected)
+        tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, **by_eos)
+        assert torch.equal(tokens, expected_eos)
+        assert len(used) == 3
+        cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=ids.shape[1] + NEW_TOKENS)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
+            **{testing.cache_kwarg(model): cache},
+        )  # fmt: skip
+        assert torch.equal(out.sequences, expected)
+    assert len(used) == 3 and model._replayssm.compile_failure is None
+    assert not gu.DeferredStopCheck.is_supported(torch.device("cpu"), None, False, False)  # restored after the calls

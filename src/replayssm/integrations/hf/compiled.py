@@ -381,6 +381,8 @@ def _generate_wrapper(model, context):
 #: Off until it has run on a GPU (tests/test_hf_cuda.py has its test, benchmarks/generate.py its timing):
 #: False leaves the choice to transformers (mps only).
 DEFER_STOP_CHECK = False
+#: The device types the deferred check is enabled for (the CPU tests add "cpu", with a stand-in for CUDA events).
+_DEFER_DEVICE_TYPES = ("cuda",)
 _DEFER_LOCK = threading.Lock()
 _defer_depth = 0
 _defer_original = None
@@ -396,8 +398,12 @@ def deferred_stop_check_on_cuda(enabled: bool = True):
     adds to the GPU time instead of overlapping it. Its ``DeferredStopCheck`` copies that flag to pinned memory
     asynchronously and reads it one step later (one extra forward at the end, which it undoes), so the host stays a
     step ahead; transformers enables it only on Apple's ``mps`` devices. Here it is enabled for CUDA devices under
-    transformers' own conditions for ``mps`` (never for an assistant; a cache that ``generate()`` returns must be
-    croppable, which hybrid caches with recurrent states are not, so a user-held cache keeps the per-step read).
+    transformers' own conditions for ``mps`` (never for an assistant) and one more: never when ``generate()``
+    returns its cache (a cache the caller passed, or ``return_dict_in_generate``). Such a cache is cropped by
+    ``crop(0)`` after every step and by one token at the end; transformers 5.17 refuses it anyway (its hybrid
+    layers with recurrent states are not croppable), but from 5.25 a replay cache is croppable, and the crops
+    would change the host-side counters the captured step's graph is specialised on: it would recompile until
+    dynamo's limit and fall back to eager decoding. A user-held cache therefore keeps the per-step read.
     The switch is process-wide while any such block runs (a counted, locked swap); a transformers without the class
     is left as it is."""
     global _defer_depth, _defer_original
@@ -415,9 +421,11 @@ def deferred_stop_check_on_cuda(enabled: bool = True):
             check = original.__func__
 
             def is_supported(device, cache, cache_is_returned, is_assistant):
-                if torch.device(device).type == "cuda":  # transformers' conditions for mps
-                    device = torch.device("mps")
-                return check(device, cache, cache_is_returned, is_assistant)
+                if torch.device(device).type not in _DEFER_DEVICE_TYPES:
+                    return check(device, cache, cache_is_returned, is_assistant)
+                if cache is not None and cache_is_returned:
+                    return False  # would be cropped every step: see above
+                return check(torch.device("mps"), cache, cache_is_returned, is_assistant)  # transformers' mps conditions
 
             DeferredStopCheck.is_supported = staticmethod(is_supported)
         _defer_depth += 1
