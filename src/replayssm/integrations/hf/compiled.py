@@ -399,11 +399,12 @@ def deferred_stop_check_on_cuda(enabled: bool = True):
     asynchronously and reads it one step later (one extra forward at the end, which it undoes), so the host stays a
     step ahead; transformers enables it only on Apple's ``mps`` devices. Here it is enabled for CUDA devices under
     transformers' own conditions for ``mps`` (never for an assistant) and one more: never when ``generate()``
-    returns its cache (a cache the caller passed, or ``return_dict_in_generate``). Such a cache is cropped by
-    ``crop(0)`` after every step and by one token at the end; transformers 5.17 refuses it anyway (its hybrid
-    layers with recurrent states are not croppable), but from 5.25 a replay cache is croppable, and the crops
-    would change the host-side counters the captured step's graph is specialised on: it would recompile until
-    dynamo's limit and fall back to eager decoding. A user-held cache therefore keeps the per-step read.
+    returns its cache (a cache the caller passed, or ``return_dict_in_generate``). Such a cache is switched to
+    recording (what assisted decoding uses), cropped by ``crop(0)`` after every step and by one token at the end;
+    transformers 5.17 refuses it anyway (its hybrid layers with recurrent states are not croppable), but from 5.25
+    a replay cache is croppable, and recording and crops change the host-side state the captured step's graph is
+    specialised on: it recompiled until dynamo's limit and fell back to eager decoding (tests/test_hf_compile.py).
+    A user-held cache therefore keeps the per-step read.
     The switch is process-wide while any such block runs (a counted, locked swap); a transformers without the class
     is left as it is."""
     global _defer_depth, _defer_original
