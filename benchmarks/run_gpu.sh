@@ -12,6 +12,8 @@
 #   bash benchmarks/run_gpu.sh hf-parts OUT      # the captured HF step's other parts: attention forms, GDN input projections
 #   bash benchmarks/run_gpu.sh issue7 OUT        # issue 7's bars: both models at batch 1 and 256, Qwen3.5-like twice
 #   bash benchmarks/run_gpu.sh issue7-generate OUT  # the same through model.generate(), stock against patched compile=...
+#   bash benchmarks/run_gpu.sh issue7-next OUT  # one call for what issue 7 still lacks: the bars (on an H200 only), the
+#                                               # deferred stop check's CUDA test and its timing through generate()
 #
 # The GDN and HF test limits come from their durations on the H200 on 2026-12-04, with some margin; the other
 # parts keep earlier limits. Each part's limits add up to less than the lent machine's 600 s per call.
@@ -21,11 +23,12 @@
 # `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site`.
 #
 # Run from the repository root with PYTHONPATH=src (nothing is installed on the GPU machine); on the lent
-# machine, which returns at most 8 files, write to a scratch folder and tar it into $OUT. Each step
+# machine, which returns at most 8 files, write to a scratch folder and set PACK=$OUT/results.tgz: the folder
+# is tarred there after every step, so a call cut off by its limit still returns what finished. Each step
 # has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
-# JSON go to OUT/<step>/ as they are written.
+# JSON go to OUT/<step>/ as they are written; OUT/gpu.txt names the GPU and the versions.
 set -u
-part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7 or issue7-generate}
+part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate or issue7-next}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -36,7 +39,11 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     echo "== $name: exit $? after ${SECONDS}s in all"
     tail -n 25 "$out/$name.log"
+    if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$out" .; fi
 }
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+{ echo "GPU: ${gpu:-none}"; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; } > "$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
 case $part in
 gdn-tests)  # 2026-12-04: 215 s (41 tests) + 53 s (21) + 103 s (26)
     step gdn-verify-tests 260 python3 -m pytest -q tests/test_triton_gdn.py -k "cuda and (verify or mma or snapshot or dot_forms)"
@@ -88,8 +95,20 @@ issue7-generate)  # 2026-12-07 (H100, an earlier form: 4 modes, 2 models, 2 batc
     step defer-tests 150 python3 -m pytest -q tests/test_hf_cuda.py -k defers
     step generate-through 400 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like nemotron_h-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted
     ;;
+issue7-next)  # estimated from the H100 runs of 2026-12-06/07 (issue7 steps 70 and 50 s; issue7-generate's 4-mode form 108 s)
+    case "$gpu" in
+    *H200*)
+        modes="transformers conventional-captured replay-captured replay-read-captured"
+        step bars-qwen 150 python3 benchmarks/generate.py --out "$out/bars-qwen" --models qwen3_5-like --batches 256 1 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
+        step bars-nemotron 110 python3 benchmarks/generate.py --out "$out/bars-nemotron" --models nemotron_h-like --batches 256 1 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
+        ;;
+    *) echo "== not an H200 ($gpu): issue 7's bars are set on an H200, skipped" ;;
+    esac
+    step defer-tests 120 python3 -m pytest -q tests/test_hf_cuda.py -k defers
+    step generate-through 170 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted --generate-modes transformers replay-captured-new-cache replay-captured-deferred conventional-captured-new-cache conventional-captured-deferred
+    ;;
 *)
-    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7 or issue7-generate" >&2
+    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate or issue7-next" >&2
     exit 2
     ;;
 esac
