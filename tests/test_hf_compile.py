@@ -286,9 +286,10 @@ class _HostEvent:
 @pytest.mark.parametrize("model_type", ["qwen3_5", "nemotron_h"])
 def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_type, monkeypatch):
     """transformers' DeferredStopCheck run for real through the compiled generate() (on the CPU, as if on CUDA):
-    the step it decodes past the stop is dropped, tokens equal the eager patched path with a length limit and with
-    an end-of-sequence token, no fallback; a cache that generate() returns (passed by the caller) is not deferred,
-    since its per-step crop would make the captured step recompile."""
+    tokens equal the eager patched path with a length limit, with an end-of-sequence token that some rows emit, and
+    with one that stops every row early (the check learns it a step late: the extra step is decoded and dropped);
+    no fallback; a cache that generate() returns (passed by the caller) is not deferred, since the recording and
+    crops that would bring make the captured step recompile."""
     gu = pytest.importorskip("transformers.generation.utils")
     if not hasattr(gu, "DeferredStopCheck"):
         pytest.skip("this transformers has no DeferredStopCheck")
@@ -308,6 +309,9 @@ def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_typ
         init(self, *args, **kwargs)
 
     monkeypatch.setattr(gu.DeferredStopCheck, "__init__", spy)
+    undone = []  # steps each call decoded past its stop and dropped
+    finish = gu.DeferredStopCheck.finish
+    monkeypatch.setattr(gu.DeferredStopCheck, "finish", lambda self: undone.append(finish(self)) or undone[-1])
     ids, mask = testing.left_padded_prompts()
     eager = _patched(model_type, False)
     expected = eager.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
@@ -315,6 +319,9 @@ def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_typ
     eos = int(expected[0, ids.shape[1] + NEW_TOKENS // 2])
     by_eos = dict(eos_token_id=eos, pad_token_id=0)
     expected_eos = eager.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, **by_eos)
+    # row 0 alone stops at that token: the loop ends on the eos, before the length limit
+    expected_stop = eager.generate(input_ids=ids[:1], attention_mask=mask[:1], max_new_tokens=NEW_TOKENS, do_sample=False, **by_eos)
+    assert expected_stop.shape[1] < ids.shape[1] + NEW_TOKENS
     assert not used  # the eager patched path keeps transformers' own choice
 
     model = _patched(model_type, _compile_config())
@@ -326,12 +333,14 @@ def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_typ
             assert torch.equal(tokens, expected)
         tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, **by_eos)
         assert torch.equal(tokens, expected_eos)
-        assert len(used) == 3
+        tokens = model.generate(input_ids=ids[:1], attention_mask=mask[:1], max_new_tokens=NEW_TOKENS, do_sample=False, **by_eos)
+        assert torch.equal(tokens, expected_stop)
+        assert len(used) == 4 and undone == [0, 0, 0, 1]
         cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=ids.shape[1] + NEW_TOKENS)
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
             **{testing.cache_kwarg(model): cache},
         )  # fmt: skip
         assert torch.equal(out.sequences, expected)
-    assert len(used) == 3 and model._replayssm.compile_failure is None
+    assert len(used) == 4 and model._replayssm.compile_failure is None
     assert not gu.DeferredStopCheck.is_supported(torch.device("cpu"), None, False, False)  # restored after the calls

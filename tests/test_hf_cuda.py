@@ -148,8 +148,9 @@ def test_captured_assisted_equals_eager_patched_bf16(model_type):
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5"])
 def test_captured_generate_defers_its_stop_check_and_keeps_the_tokens(model_type, monkeypatch):
     """With compiled.DEFER_STOP_CHECK on, a patched compiled generate() on CUDA reads its stop flag one step late
-    (compiled.deferred_stop_check_on_cuda: no host wait per step) when it returns no cache: the tokens stay those of the eager patched path, for a
-    length limit and for an end-of-sequence token, and transformers' per-step read is back after the call."""
+    (compiled.deferred_stop_check_on_cuda: no host wait per step) when it returns no cache: the tokens stay those of
+    the eager patched path, for a length limit, for an end-of-sequence token that some rows emit and for one that
+    stops the call early (the step decoded past it is dropped), and transformers' per-step read is back after."""
     from transformers.generation import utils as generation_utils
 
     from replayssm.integrations.hf import compiled
@@ -170,6 +171,9 @@ def test_captured_generate_defers_its_stop_check_and_keeps_the_tokens(model_type
     # an end-of-sequence token that one row emits part-way: the rows stop at different steps
     eos = int(expected[0, ids.shape[1] + NEW_TOKENS // 2])
     expected_eos = eager.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    # row 0 alone stops at that token, before the length limit: the deferred check decodes one step past it and drops it
+    expected_stop = eager.generate(input_ids=ids[:1], attention_mask=mask[:1], max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    assert expected_stop.shape[1] < ids.shape[1] + NEW_TOKENS
     assert not used  # eager: transformers' own choice (mps only)
     del eager
 
@@ -182,5 +186,7 @@ def test_captured_generate_defers_its_stop_check_and_keeps_the_tokens(model_type
             assert torch.equal(tokens, expected), f"{model_type}: tokens differ with the deferred stop check"
         tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=0)
         assert torch.equal(tokens, expected_eos), f"{model_type}: tokens differ with the deferred stop check and an eos"
-    assert len(used) == 3 and model._replayssm.compile_failure is None
+        tokens = model.generate(input_ids=ids[:1], attention_mask=mask[:1], max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=0)
+        assert torch.equal(tokens, expected_stop), f"{model_type}: tokens differ when the deferred check stops on the eos"
+    assert len(used) == 4 and model._replayssm.compile_failure is None
     assert not generation_utils.DeferredStopCheck.is_supported(torch.device("cuda"), None, False, False)
