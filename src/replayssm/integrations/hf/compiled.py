@@ -412,14 +412,13 @@ def deferred_stop_check_on_cuda(enabled: bool = True):
         from transformers.generation.utils import DeferredStopCheck
     except ImportError:
         DeferredStopCheck = None
-    original = None if DeferredStopCheck is None else DeferredStopCheck.__dict__.get("is_supported")
-    if not enabled or not isinstance(original, staticmethod):
+    if not enabled or not isinstance(getattr(DeferredStopCheck, "__dict__", {}).get("is_supported"), staticmethod):
         yield
         return
     with _DEFER_LOCK:
-        if _defer_depth == 0:
-            _defer_original = original
-            check = original.__func__
+        if _defer_depth == 0:  # read under the lock: outside it, another thread's swap could be taken for the original
+            _defer_original = DeferredStopCheck.__dict__["is_supported"]
+            check = _defer_original.__func__
 
             def is_supported(device, cache, cache_is_returned, is_assistant):
                 if torch.device(device).type not in _DEFER_DEVICE_TYPES:
