@@ -99,10 +99,11 @@ cache: what issue 7 measured at 40-65 ms per step) and the patched model
 under ``patch(model, compile=...)`` with one ``StaticCache`` kept across
 calls (docs/hf.md), conventional, replay, replay with a bf16 read copy;
 and conventional and replay with the cache ``generate()`` makes per call
-(``-new-cache``: CUDA graphs re-recorded per call, counted per call), and
+(``-new-cache``: CUDA graphs re-recorded per call, counted per call, the
+stop flag read on the host every step: ``compiled.DEFER_STOP_CHECK`` off), and
 the same with the stop flag read one step late on CUDA (``-deferred``:
-``compiled.DEFER_STOP_CHECK``, which a returned cache such as a kept one
-does not allow). A patched mode whose compiled step fell back to eager is
+``compiled.DEFER_STOP_CHECK`` on, the default; a returned cache such as a
+kept one is never deferred), replay with the read copy included. A patched mode whose compiled step fell back to eager is
 recorded as failed.
 JSON: ``through_generate``.
 
@@ -344,11 +345,12 @@ def time_generate(model, batch: int, prompt: int, steps: int, repeats: int, devi
 #: --through-generate's modes: stock generate() (its own cache), and the patched model's generate() under
 #: patch(compile=...), the step captured: with one StaticCache kept across calls (which generate() returns, so
 #: transformers reads its stop flag on the host every step); ``-new-cache``: with the StaticCache generate() makes
-#: per call (CUDA graphs re-recorded per call); ``-deferred``: the same with compiled.DEFER_STOP_CHECK on (on CUDA
-#: the stop flag read one step late)
+#: per call (CUDA graphs re-recorded per call), compiled.DEFER_STOP_CHECK off; ``-deferred``: the same with it on
+#: (the default: on CUDA the stop flag read one step late)
 GENERATE_MODES = (
     "transformers", "conventional-captured", "replay-captured", "replay-read-captured",
     "conventional-captured-new-cache", "replay-captured-new-cache", "conventional-captured-deferred", "replay-captured-deferred",
+    "replay-read-captured-deferred",
 )  # fmt: skip
 
 
@@ -371,9 +373,8 @@ def measure_generate_mode(
     defer = compiled.DEFER_STOP_CHECK
     try:
         cache = None
-        if mode.endswith(("-new-cache", "-deferred")):
-            compiled.DEFER_STOP_CHECK = mode.endswith("-deferred")
-        else:
+        compiled.DEFER_STOP_CHECK = mode.endswith("-deferred")  # a kept (returned) cache is never deferred anyway
+        if not mode.endswith(("-new-cache", "-deferred")):
             text_config = model.config.get_text_config(decoder=True)
             cache = StaticCache(config=text_config, max_cache_len=prompt + 2 * steps + 1)  # time_generate's longest call
         timed = time_generate(model, batch, prompt, steps, repeats, device, cache)

@@ -14,6 +14,7 @@
 #   bash benchmarks/run_gpu.sh issue7-generate OUT  # the same through model.generate(), stock against patched compile=...
 #   bash benchmarks/run_gpu.sh issue7-next OUT  # one call for what issue 7 still lacks: the bars (on an H200 only), the
 #                                               # deferred stop check's CUDA test and its timing through generate()
+#   bash benchmarks/run_gpu.sh issue7-defer OUT # the HF path's CUDA tests (stop check deferred by default), generate() timed
 #
 # The GDN and HF test limits come from their durations on the H200 on 2026-12-04, with some margin; the other
 # parts keep earlier limits. Each part's limits add up to less than the lent machine's 600 s per call.
@@ -28,7 +29,7 @@
 # has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
 # JSON go to OUT/<step>/ as they are written; OUT/gpu.txt names the GPU and the versions.
 set -u
-part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate or issue7-next}
+part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate, issue7-next or issue7-defer}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -107,8 +108,12 @@ issue7-next)  # estimated from the H100 runs of 2026-12-06/07 (issue7 steps 70 a
     step defer-tests 120 python3 -m pytest -q tests/test_hf_cuda.py -k defers
     step generate-through 170 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted --generate-modes transformers replay-captured-new-cache replay-captured-deferred conventional-captured-new-cache conventional-captured-deferred
     ;;
+issue7-defer)  # with the deferred stop check on by default: every CUDA test of the HF path, then generate() timed
+    step hf-tests 380 python3 -m pytest -q tests/test_hf_cuda.py
+    step generate-through 170 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted --generate-modes transformers replay-captured-new-cache replay-captured-deferred replay-read-captured-deferred conventional-captured-new-cache conventional-captured-deferred
+    ;;
 *)
-    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate or issue7-next" >&2
+    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate, issue7-next or issue7-defer" >&2
     exit 2
     ;;
 esac

@@ -241,7 +241,7 @@ def test_deferred_stop_check_is_enabled_on_cuda_only_inside_the_block():
 
 def test_generate_asks_for_the_deferred_stop_check_only_on_cuda_when_switched_on(monkeypatch):
     """The patched generate() wraps transformers' in deferred_stop_check_on_cuda, enabled only with
-    compiled.DEFER_STOP_CHECK on, the model on CUDA, and no assisted decoding; the tokens are unchanged."""
+    compiled.DEFER_STOP_CHECK on (the default), the model on CUDA, and no assisted decoding; the tokens are unchanged."""
     import contextlib
 
     from replayssm.integrations.hf import compiled
@@ -256,15 +256,20 @@ def test_generate_asks_for_the_deferred_stop_check_only_on_cuda_when_switched_on
     monkeypatch.setattr(compiled, "deferred_stop_check_on_cuda", record)
     model = _patched("qwen3_5", _compile_config())
     ids = torch.randint(3, testing.VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    assert compiled.DEFER_STOP_CHECK is True  # the default
+    monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", False)
     first = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)
     monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", True)
     second = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)  # on the CPU: still off
     monkeypatch.setattr(compiled, "_on_cuda", lambda model: True)
     third = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)
+    monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", False)
+    fourth = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)  # on "CUDA", switched off
+    monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", True)
     model.generate(input_ids=ids[:1], max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=2)
-    assert asked[:3] == [False, False, True]
-    assert not any(asked[3:])  # assisted decoding (captured verification here): never deferred
-    assert torch.equal(first, second) and torch.equal(first, third)
+    assert asked[:4] == [False, False, True, False]
+    assert not any(asked[4:])  # assisted decoding (captured verification here): never deferred
+    assert torch.equal(first, second) and torch.equal(first, third) and torch.equal(first, fourth)
 
 
 class _HostEvent:

@@ -155,7 +155,7 @@ def test_captured_generate_defers_its_stop_check_and_keeps_the_tokens(model_type
 
     from replayssm.integrations.hf import compiled
 
-    monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", True)  # off by default until this test has run on a GPU
+    monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", True)  # the default: the test holds whatever it is set to
     used = []
     init = generation_utils.DeferredStopCheck.__init__
 
