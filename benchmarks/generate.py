@@ -103,8 +103,8 @@ and conventional and replay with the cache ``generate()`` makes per call
 stop flag read on the host every step: ``compiled.DEFER_STOP_CHECK`` off), and
 the same with the stop flag read one step late on CUDA (``-deferred``:
 ``compiled.DEFER_STOP_CHECK`` on, the default; a returned cache such as a
-kept one is never deferred), replay with the read copy included. A patched mode whose compiled step fell back to eager is
-recorded as failed.
+kept one is never deferred), replay with the read copy included. A patched
+mode whose compiled step fell back to eager is recorded as failed.
 JSON: ``through_generate``.
 
 Prints a markdown table; writes ``generate.json`` (NaN for a failed mode) and
