@@ -109,8 +109,8 @@ issue7-next)  # estimated from the H100 runs of 2026-12-06/07 (issue7 steps 70 a
     step generate-through 170 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted --generate-modes transformers replay-captured-new-cache replay-captured-deferred conventional-captured-new-cache conventional-captured-deferred
     ;;
 issue7-defer)  # with the deferred stop check on by default: every CUDA test of the HF path, then generate() timed
-    step hf-tests 380 python3 -m pytest -q tests/test_hf_cuda.py
-    step generate-through 170 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted --generate-modes transformers replay-captured-new-cache replay-captured-deferred replay-read-captured-deferred conventional-captured-new-cache conventional-captured-deferred
+    step hf-tests 300 python3 -m pytest -q tests/test_hf_cuda.py
+    step generate-through 140 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like --batches 256 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted --generate-modes transformers replay-captured-new-cache replay-captured-deferred replay-read-captured-deferred conventional-captured-new-cache conventional-captured-deferred
     ;;
 *)
     echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate, issue7-next or issue7-defer" >&2
