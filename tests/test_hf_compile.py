@@ -294,7 +294,7 @@ def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_typ
     tokens equal the eager patched path with a length limit, with an end-of-sequence token that some rows emit, and
     with one that stops every row early (the check learns it a step late: the extra step is decoded and dropped);
     no fallback; a cache that generate() returns (passed by the caller) is not deferred, since the recording and
-    crops that would bring make the captured step recompile."""
+    crops that would bring make the captured step recompile; and a compile failure's eager fallback keeps the tokens."""
     gu = pytest.importorskip("transformers.generation.utils")
     if not hasattr(gu, "DeferredStopCheck"):
         pytest.skip("this transformers has no DeferredStopCheck")
@@ -348,4 +348,13 @@ def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_typ
         )  # fmt: skip
         assert torch.equal(out.sequences, expected)
     assert len(used) == 4 and model._replayssm.compile_failure is None
+    # a compile failure: the eager patched step runs inside the deferred loop, to the same tokens
+    failing = _patched(model_type, _compile_config(backend=_failing_backend))
+    torch._dynamo.reset()
+    with pytest.warns(RuntimeWarning, match="backend refused"):
+        tokens = failing.generate(input_ids=ids[:1], attention_mask=mask[:1], max_new_tokens=NEW_TOKENS, do_sample=False, **by_eos)
+    assert torch.equal(tokens, expected_stop) and failing._replayssm.compile_failure is not None
+    tokens = failing.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert torch.equal(tokens, expected)
+    assert len(used) == 6 and undone[-2:] == [1, 0]
     assert not gu.DeferredStopCheck.is_supported(torch.device("cpu"), None, False, False)  # restored after the calls
