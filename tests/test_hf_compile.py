@@ -292,7 +292,8 @@ class _HostEvent:
 def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_type, monkeypatch):
     """transformers' DeferredStopCheck run for real through the compiled generate() (on the CPU, as if on CUDA):
     tokens equal the eager patched path with a length limit, with an end-of-sequence token that some rows emit, and
-    with one that stops every row early (the check learns it a step late: the extra step is decoded and dropped);
+    with one that stops every row early (the check learns it a step late: the extra step is decoded and dropped),
+    and sampled tokens equal to the per-step read's from the same seed;
     no fallback; a cache that generate() returns (passed by the caller) is not deferred, since the recording and
     crops that would bring make the captured step recompile; and a compile failure's eager fallback keeps the tokens."""
     gu = pytest.importorskip("transformers.generation.utils")
@@ -341,13 +342,21 @@ def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_typ
         tokens = model.generate(input_ids=ids[:1], attention_mask=mask[:1], max_new_tokens=NEW_TOKENS, do_sample=False, **by_eos)
         assert torch.equal(tokens, expected_stop)
         assert len(used) == 4 and undone == [0, 0, 0, 1]
+        # sampling: the deferred loop draws the same tokens as the per-step stop read, from the same seed
+        sampled = []
+        for defer in (True, False):
+            monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", defer)
+            torch.manual_seed(7)
+            sampled.append(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_k=0))
+        monkeypatch.setattr(compiled, "DEFER_STOP_CHECK", True)
+        assert torch.equal(sampled[0], sampled[1]) and len(used) == 5 and undone[-1] == 0
         cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=ids.shape[1] + NEW_TOKENS)
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
             **{testing.cache_kwarg(model): cache},
         )  # fmt: skip
         assert torch.equal(out.sequences, expected)
-    assert len(used) == 4 and model._replayssm.compile_failure is None
+    assert len(used) == 5 and model._replayssm.compile_failure is None
     # a compile failure: the eager patched step runs inside the deferred loop, to the same tokens
     failing = _patched(model_type, _compile_config(backend=_failing_backend))
     torch._dynamo.reset()
@@ -356,5 +365,5 @@ def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_typ
     assert torch.equal(tokens, expected_stop) and failing._replayssm.compile_failure is not None
     tokens = failing.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
     assert torch.equal(tokens, expected)
-    assert len(used) == 6 and undone[-2:] == [1, 0]
+    assert len(used) == 7 and undone[-2:] == [1, 0]
     assert not gu.DeferredStopCheck.is_supported(torch.device("cpu"), None, False, False)  # restored after the calls
