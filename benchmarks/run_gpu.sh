@@ -45,6 +45,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 { echo "GPU: ${gpu:-none}"; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; } > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
+# generate.py --through-generate as the issue7-* parts run it (model, batches and modes follow)
+through=(python3 benchmarks/generate.py --out "$out/generate-through" --steps 32 --repeats 3 --through-generate --generate-only --no-assisted)
 case $part in
 gdn-tests)  # 2026-12-04: 215 s (41 tests) + 53 s (21) + 103 s (26)
     step gdn-verify-tests 260 python3 -m pytest -q tests/test_triton_gdn.py -k "cuda and (verify or mma or snapshot or dot_forms)"
@@ -94,7 +96,7 @@ issue7)  # 2026-12-06 on an H100: about 70 s per Qwen3.5-like call at batches 1 
     ;;
 issue7-generate)  # 2026-12-07 (H100, an earlier form: 4 modes, 2 models, 2 batches) 108 s; now 8 modes and 3 calls a round
     step defer-tests 150 python3 -m pytest -q tests/test_hf_cuda.py -k defers
-    step generate-through 400 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like nemotron_h-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted
+    step generate-through 400 "${through[@]}" --models qwen3_5-like nemotron_h-like --batches 256 1
     ;;
 issue7-next)  # estimated from the H100 runs of 2026-12-06/07 (issue7 steps 70 and 50 s; issue7-generate's 4-mode form 108 s)
     case "$gpu" in
@@ -106,11 +108,11 @@ issue7-next)  # estimated from the H100 runs of 2026-12-06/07 (issue7 steps 70 a
     *) echo "== not an H200 ($gpu): issue 7's bars are set on an H200, skipped" ;;
     esac
     step defer-tests 120 python3 -m pytest -q tests/test_hf_cuda.py -k defers
-    step generate-through 170 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like --batches 256 1 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted --generate-modes transformers replay-captured-new-cache replay-captured-deferred conventional-captured-new-cache conventional-captured-deferred
+    step generate-through 170 "${through[@]}" --models qwen3_5-like --batches 256 1 --generate-modes transformers replay-captured-new-cache replay-captured-deferred conventional-captured-new-cache conventional-captured-deferred
     ;;
 issue7-defer)  # with the deferred stop check on by default: every CUDA test of the HF path, then generate() timed
     step hf-tests 300 python3 -m pytest -q tests/test_hf_cuda.py
-    step generate-through 140 python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like --batches 256 --steps 32 --repeats 3 --through-generate --generate-only --no-assisted --generate-modes transformers replay-captured-new-cache replay-captured-deferred replay-read-captured-deferred conventional-captured-new-cache conventional-captured-deferred
+    step generate-through 140 "${through[@]}" --models qwen3_5-like --batches 256 --generate-modes transformers replay-captured-new-cache replay-captured-deferred replay-read-captured-deferred conventional-captured-new-cache conventional-captured-deferred
     ;;
 *)
     echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate, issue7-next or issue7-defer" >&2

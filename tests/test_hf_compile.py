@@ -290,12 +290,13 @@ class _HostEvent:
 
 @pytest.mark.parametrize("model_type", ["qwen3_5", "nemotron_h"])
 def test_deferred_stop_check_runs_the_captured_step_to_the_same_tokens(model_type, monkeypatch):
-    """transformers' DeferredStopCheck run for real through the compiled generate() (on the CPU, as if on CUDA):
-    tokens equal the eager patched path with a length limit, with an end-of-sequence token that some rows emit, and
-    with one that stops every row early (the check learns it a step late: the extra step is decoded and dropped),
-    and sampled tokens equal to the per-step read's from the same seed;
-    no fallback; a cache that generate() returns (passed by the caller) is not deferred, since the recording and
-    crops that would bring make the captured step recompile; and a compile failure's eager fallback keeps the tokens."""
+    """transformers' DeferredStopCheck run for real through the compiled generate() (on the CPU, as if on CUDA).
+
+    Greedy tokens equal the eager patched path with a length limit, with an end-of-sequence token that some rows
+    emit, and with one that stops every row early (the check learns it a step late: the extra step is decoded and
+    dropped); sampled tokens equal the per-step read's from the same seed; nothing falls back. A cache that
+    generate() returns (passed by the caller) is not deferred: the recording and crops that would bring make the
+    captured step recompile. A compile failure's eager fallback, deferred too, keeps the tokens."""
     gu = pytest.importorskip("transformers.generation.utils")
     if not hasattr(gu, "DeferredStopCheck"):
         pytest.skip("this transformers has no DeferredStopCheck")
