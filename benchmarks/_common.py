@@ -1,9 +1,12 @@
-"""Shared benchmark helpers: streaming bandwidth, CUDA-graph timing, table printing."""
+"""Shared benchmark helpers: streaming bandwidth, CUDA-graph timing, checks against the reference, table
+printing, plots."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import triton
@@ -22,7 +25,7 @@ def streaming_bandwidth(gib: float = 4.0, repeats: int = 20) -> tuple[float, dic
     """Bytes/s of an elementwise Triton kernel (``y = a x + b``) over ``gib`` GiB in and out.
 
     Read + write bytes are counted; the best of a few launch configurations is
-    the ceiling (all are returned). NOTES-TRITON: ``Tensor.copy_`` is the wrong
+    the ceiling (all are returned). ``Tensor.copy_`` is the wrong
     ceiling on the H200.
     """
     n = int(gib * 2**30) // 4
@@ -120,3 +123,61 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
         if i == 0:
             out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(out)
+
+
+#: the check of a step against the reference (relative RMS): state tensors (fp32 state and arithmetic on both
+#: sides) and outputs (rounded to the bf16 activations: a rounding apart at most)
+CHECK_TOL = {"state": 1e-4, "output": 1e-2}
+
+
+def rel_err(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def check_failure(errors: dict) -> str | None:
+    """Why a check's errors fail it, or None."""
+    bad = [f"{k} {v:.2e}" for k, v in errors.items() if not v <= CHECK_TOL[k]]
+    return "differs from the reference (relative error: " + ", ".join(bad) + ")" if bad else None
+
+
+@contextlib.contextmanager
+def patched(table: dict, key, value):
+    """``table[key] = value`` for the block (a module's namespace works as a table: ``vars(module)``)."""
+    missing = object()
+    before = table.get(key, missing)
+    table[key] = value
+    try:
+        yield
+    finally:
+        if before is missing:
+            table.pop(key, None)
+        else:
+            table[key] = before
+
+
+def plot(rows: list[dict], series: list[str], path: Path, title: str) -> str | None:
+    """One log-log panel per geometry: ``series`` (row keys) against the batch; returns why not, if it cannot."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed (pip install replayssm[bench])"
+    names = list(dict.fromkeys(r["geometry"] for r in rows))
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        pts = sorted((r for r in rows if r["geometry"] == name), key=lambda r: r["batch"])
+        for key in (s for s in series if any(r.get(s) is not None for r in pts)):
+            style = "--" if "floor" in key else "o-"
+            ax.loglog([r["batch"] for r in pts], [r.get(key) for r in pts], style, label=key.replace("_us", ""), alpha=0.6 if "floor" in key else 1)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("us per step")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return None

@@ -1,42 +1,22 @@
 #!/bin/bash
-# One GPU session's runs, in parts that each fit a 10-minute call; every part writes under OUT.
-#
-#   bash benchmarks/run_gpu.sh gdn-tests OUT     # CUDA tests of the GDN kernels, with and without a read copy
-#   bash benchmarks/run_gpu.sh mamba2-tests OUT  # CUDA tests of the Mamba-2 kernels, with and without a read copy
-#   bash benchmarks/run_gpu.sh kernels OUT       # decode and spec headline tables (--sweep)
-#   bash benchmarks/run_gpu.sh sweeps OUT        # decode batch/window and spec T/batch sweeps
-#   bash benchmarks/run_gpu.sh hf-tests OUT      # CUDA tests of the HF path
-#   bash benchmarks/run_gpu.sh hf OUT            # generate.py (all modes, batches, assisted)
-#   bash benchmarks/run_gpu.sh quality OUT       # quality.py on both checkpoints
-#   bash benchmarks/run_gpu.sh copy-verify OUT   # GDN with a bf16 read copy: its CUDA tests, then verify and decode timed
-#   bash benchmarks/run_gpu.sh hf-parts OUT      # the captured HF step's other parts: attention forms, GDN input projections
-#   bash benchmarks/run_gpu.sh issue7 OUT        # issue 7's bars: both models at batch 1 and 256, Qwen3.5-like twice
-#   bash benchmarks/run_gpu.sh issue7-generate OUT  # the same through model.generate(), stock against patched compile=...
-#   bash benchmarks/run_gpu.sh issue7-next OUT  # one call for what issue 7 still lacks: the bars (on an H200 only), the
-#                                               # deferred stop check's CUDA test and its timing through generate()
-#   bash benchmarks/run_gpu.sh issue7-defer OUT # the HF path's CUDA tests (stop check deferred by default), generate() timed
-#
-# The GDN and HF test limits come from their durations on the H200 on 2026-12-04, with some margin; the other
-# parts keep earlier limits. Each part's limits add up to less than the lent machine's 600 s per call.
-#
-# fla's GDN kernel (the decode benchmark's second baseline) is not on the GPU machine: download its wheel into an
-# ignored .whl/ (the device README's `pip download` line, fla-core), carry .whl, and start the call with
-# `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site`.
-#
-# Run from the repository root with PYTHONPATH=src (nothing is installed on the GPU machine); on the lent
-# machine, which returns at most 8 files, write to a scratch folder and set PACK=$OUT/results.tgz: the folder
-# is tarred there after every step, so a call cut off by its limit still returns what finished. Each step
-# has its own time limit, so one that hangs or overruns leaves the later ones their turn; logs and
-# JSON go to OUT/<step>/ as they are written; OUT/gpu.txt names the GPU and the versions.
+# Re-measure BENCHMARKS.md's tables and run the CUDA tests, in parts that each fit one 10-minute call:
+#   bash benchmarks/run_gpu.sh PART OUT
+# Table parts, one per table group of BENCHMARKS.md: decode, decode-sweeps, spec, spec-sweeps, spec-read (the
+# kernel benchmarks), hf (issue 7's bars and batches 1-256), hf-generate (through model.generate()), hf-parts
+# (the captured step's parts); all-tables: all of them with fewer repeats, most important first (about 8
+# minutes); quality, quality-read: QUALITY.md's GPU tables. Test parts: gdn-tests, mamba2-tests, hf-tests, other-tests.
+# Run from the repository root with PYTHONPATH=src. Each step has its own time limit, so one that hangs or
+# overruns leaves the later ones their turn; its output goes to OUT/<step>.log (the kernel benchmarks log each
+# row as measured) and OUT/<step>/. With PACK=FILE.tgz the folder is tarred after every step, so a call cut off
+# by its limit still returns what finished. OUT/gpu.txt names the GPU and versions. fla's GDN kernel (the
+# decode benchmark's second baseline) is optional: pip-install fla-core without deps into a folder on PYTHONPATH.
 set -u
-part=${1:?part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate, issue7-next or issue7-defer}
+parts="decode, decode-sweeps, spec, spec-sweeps, spec-read, hf, hf-generate, hf-parts, all-tables, quality, quality-read, gdn-tests, mamba2-tests, hf-tests, other-tests or all-tests"
+part=${1:?part: $parts}
 out=${2:?output folder}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
+mkdir -p "$out" && export PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output in OUT/NAME.log
-    local name=$1 limit=$2
-    shift 2
-    echo "== $name (limit ${limit}s)"
+    local name=$1 limit=$2 && shift 2 && echo "== $name (limit ${limit}s)"
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     echo "== $name: exit $? after ${SECONDS}s in all"
     tail -n 25 "$out/$name.log"
@@ -45,10 +25,53 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 { echo "GPU: ${gpu:-none}"; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; } > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-# generate.py --through-generate as the issue7-* parts run it (model, batches and modes follow)
-through=(python3 benchmarks/generate.py --out "$out/generate-through" --steps 32 --repeats 3 --through-generate --generate-only --no-assisted)
+mamba2="mamba2-96x80x128-g8 mamba2-128x64x128-g8 mamba2-64x64x128-g8"
+modes="transformers conventional-captured replay-captured replay-read-captured"
+gen=(python3 benchmarks/generate.py --captured --steps 32 --no-assisted)
+# One function per table group: LIMIT_SECONDS REPEATS
+decode() { step decode "$1" python3 benchmarks/kernel_bench.py decode --headline-only --read-dtype bf16 --repeats "$2" --json "$out/decode.json"; }
+decode_sweeps() { step decode-sweeps "$1" python3 benchmarks/kernel_bench.py decode --repeats "$2" --json "$out/decode-sweeps.json" "${@:3}"; }
+spec() { step spec "$1" python3 benchmarks/kernel_bench.py spec --headline-only --breakdown --repeats "$2" --json "$out/spec.json"; }
+spec_sweeps() { step spec-sweeps "$1" python3 benchmarks/kernel_bench.py spec --breakdown --repeats "$2" --json "$out/spec-sweeps.json" "${@:3}"; }
+spec_read() { step spec-read "$1" python3 benchmarks/kernel_bench.py spec --headline-only --read-dtype bf16 --repeats "$2" --json "$out/spec-read.json"; }
+conv() { step conv "$1" python3 benchmarks/kernel_bench.py conv --batches 256 --repeats "$2" --json "$out/conv.json"; }
+hf() {  # LIMIT_QWEN LIMIT_NEMOTRON REPEATS
+    step generate-qwen "$1" "${gen[@]}" --out "$out/generate-qwen" --models qwen3_5-like --batches 256 1 16 64 --repeats "$3" --modes $modes
+    step generate-nemotron "$2" "${gen[@]}" --out "$out/generate-nemotron" --models nemotron_h-like --batches 256 1 16 64 --repeats "$3" --modes $modes
+}
+hf_generate() { step generate-through "$1" python3 benchmarks/generate.py --out "$out/generate-through" --models qwen3_5-like --batches 256 1 --steps 32 --repeats "$2" --through-generate --generate-only --no-assisted --generate-modes transformers replay-captured-new-cache replay-captured-deferred conventional-captured-new-cache conventional-captured-deferred; }
+hf_parts() {  # the stacked projections are generate.py's default: compare with the hf part's batch-256 rows
+    step projections-separate "$1" "${gen[@]}" --out "$out/projections-separate" --models qwen3_5-like --batches 256 --repeats "$2" --modes conventional-captured replay-captured replay-read-captured --separate-projections
+    step hf-parts "$1" python3 benchmarks/hf_parts.py attention projections --variants "packed sdpa (auto)" "replayssm grouped products" "stock repeat_kv + sdpa" --repeats "$2" --json "$out/hf-parts.json"
+    conv "$1" "$2"
+}
 case $part in
-gdn-tests)  # 2026-12-04: 215 s (41 tests) + 53 s (21) + 103 s (26)
+decode) decode 150 8 ;;
+decode-sweeps) decode_sweeps 300 3 ;;
+spec) spec 180 8 ;;
+spec-sweeps) spec_sweeps 420 5 ;;
+spec-read) spec_read 200 8 ;;
+hf) hf 280 220 3 ;;
+hf-generate) hf_generate 200 3 ;;
+hf-parts) hf_parts 90 3 ;;
+all-tables)  # the limits add up to 500 s; the sweeps come last and may be cut (their logs keep the rows measured)
+    decode 60 3
+    spec 75 3
+    hf 95 70 2
+    hf_generate 60 2
+    spec_read 40 3
+    hf_parts 30 2
+    decode_sweeps 35 1 --geometries $mamba2
+    spec_sweeps 35 1 --accept half
+    ;;
+quality | quality-read)  # QUALITY.md: the state dtypes; the read copy
+    configs="reference replay-fp32 replay-fp16 replay-bf16 conventional-fp32 conventional-fp16 conventional-bf16"
+    [ "$part" = quality-read ] && configs="reference replay-fp32 replay-read-bf16 replay-read-fp16"
+    for ck in nemotron_h_small qwen3_5_small; do
+        step "$part-$ck" 290 python3 benchmarks/quality.py --checkpoint checkpoints/$ck --device cuda --out "$out/$part-$ck" --configs $configs
+    done
+    ;;
+gdn-tests)
     step gdn-verify-tests 260 python3 -m pytest -q tests/test_triton_gdn.py -k "cuda and (verify or mma or snapshot or dot_forms)"
     step gdn-other-tests 120 python3 -m pytest -q tests/test_triton_gdn.py -k "cuda and not (verify or mma or snapshot or dot_forms)"
     step gdn-read-copy-tests 180 python3 -m pytest -q tests/test_read_copy.py -k "cuda and gdn"
@@ -58,64 +81,25 @@ mamba2-tests)
     step mamba2-read-copy-tests 180 python3 -m pytest -q tests/test_read_copy.py -k "cuda and not gdn"
     step overlap-tests 120 python3 -m pytest -q tests/test_triton_launch_overlap.py
     ;;
-kernels)
-    step decode 210 python3 benchmarks/decode_kernels.py --out "$out/decode" --headline-only --sweep --breakdown --repeats 8
-    step spec 180 python3 benchmarks/spec_kernels.py --out "$out/spec" --headline-only --sweep --breakdown --accept half all --repeats 8
-    ;;
-sweeps)  # the batch / window / T sweeps with the launch tables as they are
-    step decode-sweeps 280 python3 benchmarks/decode_kernels.py --out "$out/decode-sweeps" --repeats 5
-    step spec-sweeps 300 python3 benchmarks/spec_kernels.py --out "$out/spec-sweeps" --repeats 5
-    ;;
-hf-tests)  # test_hf_cuda.py about 7 min on 2026-12-04 (inductor compiles; its last test alone 108 s)
+hf-tests)
     step hf-tests 470 python3 -m pytest -q tests/test_hf_cuda.py
     step hf-conv-tests 110 python3 -m pytest -q tests/test_hf_conv.py -m cuda
     ;;
-hf)
-    step generate-qwen 240 python3 benchmarks/generate.py --out "$out/generate-qwen" --models qwen3_5-like --captured --steps 32 --repeats 3
-    step generate-nemotron 230 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --captured --steps 32 --repeats 3
+all-tests)  # every CUDA test group at once (the GPU is shared; Triton compiles use the host's cores)
+    step_bg() { local name=$1 limit=$2 && shift 2 && (timeout "$limit" "$@" > "$out/$name.log" 2>&1; echo "exit $?" >> "$out/$name.log") & }
+    step_bg gdn-tests 560 python3 -m pytest -q tests/test_triton_gdn.py -k cuda
+    step_bg mamba2-tests 560 python3 -m pytest -q tests/test_triton_mamba2.py -k cuda
+    step_bg overlap-tests 300 python3 -m pytest -q tests/test_triton_launch_overlap.py
+    step_bg read-copy-tests 560 python3 -m pytest -q tests/test_read_copy.py -k cuda
+    step_bg hf-tests 560 python3 -m pytest -q tests/test_hf_cuda.py tests/test_hf_conv.py -m cuda
+    step_bg other-tests 560 python3 -m pytest -q tests/test_conv_step.py tests/test_ops_library.py tests/test_bad_input.py tests/test_state_ops.py tests/test_hf_attention.py $(ls tests/test_dead_entries.py 2>/dev/null) tests/test_replay_exact.py
+    wait
+    for f in "$out"/*-tests.log; do echo "== $f" && tail -n 4 "$f"; done
+    if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$out" .; fi
     ;;
-quality)
-    configs="reference replay-fp32 replay-fp16 replay-bf16 conventional-fp32 conventional-fp16 conventional-bf16"
-    step quality-nemotron 270 python3 benchmarks/quality.py --checkpoint checkpoints/nemotron_h_small --device cuda --out "$out/quality-nemotron" --configs $configs
-    step quality-qwen 300 python3 benchmarks/quality.py --checkpoint checkpoints/qwen3_5_small --device cuda --out "$out/quality-qwen" --configs $configs
+other-tests)
+    step conv-step-tests 200 python3 -m pytest -q tests/test_conv_step.py -m cuda
+    step ops-tests 200 python3 -m pytest -q tests/test_ops_library.py tests/test_bad_input.py tests/test_state_ops.py tests/test_hf_attention.py -k cuda
     ;;
-copy-verify)  # GDN verification with a copy reads the checkpoint since 2026-12-04 (docs/ops.md); timed 2026-12-05
-    step gdn-read-copy-tests 180 python3 -m pytest -q tests/test_read_copy.py -k "cuda and gdn"
-    step spec-gdn-read-bf16 220 python3 benchmarks/spec_kernels.py --out "$out/spec-read" --geometries gdn-16x32x128x128 gdn-16x64x128x128 --headline-only --accept half all random --read-dtype bf16 --repeats 8
-    step decode-gdn-read-bf16 150 python3 benchmarks/decode_kernels.py --out "$out/decode-read" --geometries gdn-16x32x128x128 gdn-16x64x128x128 --headline-only --read-dtype bf16 --repeats 8
-    ;;
-hf-parts)  # experiments (2026-12-06): the attention run took 88 s on an H100; the projections one has not run yet
-    step decode-attention 200 python3 benchmarks/experiments/decode_attention.py --out "$out/decode_attention.json" --batches 1 16 64 256 --kv 104 1024 4096 --variants "packed sdpa (auto)" "replayssm grouped products" "stock repeat_kv + sdpa"
-    step gdn-projections 120 python3 benchmarks/experiments/gdn_projections.py --out "$out/gdn_projections.json"
-    ;;
-issue7)  # 2026-12-06 on an H100: about 70 s per Qwen3.5-like call at batches 1 and 256, 50 s for Nemotron-H-like
-    modes="transformers conventional-captured replay-captured replay-read-captured"
-    step generate-qwen 200 python3 benchmarks/generate.py --out "$out/generate-qwen" --models qwen3_5-like --batches 1 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
-    step generate-qwen-again 150 python3 benchmarks/generate.py --out "$out/generate-qwen-again" --models qwen3_5-like --batches 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
-    step generate-nemotron 180 python3 benchmarks/generate.py --out "$out/generate-nemotron" --models nemotron_h-like --batches 1 256 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
-    ;;
-issue7-generate)  # 2026-12-07 (H100, an earlier form: 4 modes, 2 models, 2 batches) 108 s; now 8 modes and 3 calls a round
-    step defer-tests 150 python3 -m pytest -q tests/test_hf_cuda.py -k defers
-    step generate-through 400 "${through[@]}" --models qwen3_5-like nemotron_h-like --batches 256 1
-    ;;
-issue7-next)  # estimated from the H100 runs of 2026-12-06/07 (issue7 steps 70 and 50 s; issue7-generate's 4-mode form 108 s)
-    case "$gpu" in
-    *H200*)
-        modes="transformers conventional-captured replay-captured replay-read-captured"
-        step bars-qwen 150 python3 benchmarks/generate.py --out "$out/bars-qwen" --models qwen3_5-like --batches 256 1 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
-        step bars-nemotron 110 python3 benchmarks/generate.py --out "$out/bars-nemotron" --models nemotron_h-like --batches 256 1 --captured --steps 32 --repeats 3 --no-assisted --modes $modes
-        ;;
-    *) echo "== not an H200 ($gpu): issue 7's bars are set on an H200, skipped" ;;
-    esac
-    step defer-tests 120 python3 -m pytest -q tests/test_hf_cuda.py -k defers
-    step generate-through 170 "${through[@]}" --models qwen3_5-like --batches 256 1 --generate-modes transformers replay-captured-new-cache replay-captured-deferred conventional-captured-new-cache conventional-captured-deferred
-    ;;
-issue7-defer)  # with the deferred stop check on by default: every CUDA test of the HF path, then generate() timed
-    step hf-tests 300 python3 -m pytest -q tests/test_hf_cuda.py
-    step generate-through 140 "${through[@]}" --models qwen3_5-like --batches 256 --generate-modes transformers replay-captured-new-cache replay-captured-deferred replay-read-captured-deferred conventional-captured-new-cache conventional-captured-deferred
-    ;;
-*)
-    echo "unknown part $part: gdn-tests, mamba2-tests, kernels, sweeps, hf-tests, hf, quality, copy-verify, hf-parts, issue7, issue7-generate, issue7-next or issue7-defer" >&2
-    exit 2
-    ;;
+*) echo "unknown part $part: $parts" >&2 && exit 2 ;;
 esac

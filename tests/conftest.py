@@ -4,7 +4,7 @@ Without a GPU, Triton kernels run under the interpreter: the variable must be
 set before any kernel module is imported, so it is set here, first.
 
 The interpreter (Triton 3.9) truncates fp32 -> bf16 casts, where the GPU
-rounds to nearest even (``cvt.rn.bf16.f32``; ../shared/NOTES-TRITON.md).
+rounds to nearest even (``cvt.rn.bf16.f32``).
 Kernels whose bf16 stores are compared exactly with torch's rounding (the
 read copy of the checkpoint, tests/test_read_copy.py) need the GPU's
 semantics, so the interpreter's cast is made to round like torch here.

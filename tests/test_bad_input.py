@@ -156,7 +156,7 @@ def test_load_and_reorder_bad_input(mamba):
     state, _, _ = mamba
     snap = _snapshot(state)
     with pytest.raises(ValueError, match="state must have shape"):
-        state.load([0, 1], torch.randn(2, 4, 8, 5))
+        state.load(torch.randn(2, 4, 8, 5), [0, 1])
     with pytest.raises(ValueError, match="one entry per slot"):
         state.reorder([0, 1])
     with pytest.raises(IndexError, match="index"):

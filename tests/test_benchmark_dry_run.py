@@ -1,10 +1,10 @@
-"""The kernel benchmarks' plumbing on the CPU: every step kind and every --sweep candidate runs once;
-the speculative sweep's candidate lists.
+"""The kernel benchmarks' plumbing on the CPU (``benchmarks/kernel_bench.py``): every case's dry run, the sweeps'
+candidate lists, the options checked before any GPU work.
 
-``benchmarks/decode_kernels.py --dry-run`` builds the benchmark's cases at tiny
-sizes and runs each replay / conventional step (launchers and ops) under the
-Triton interpreter, so a broken candidate or step is caught in CI, not in the
-GPU run. Timing needs the GPU and is not tested.
+``kernel_bench.py <cases> --dry-run`` runs each case's code on tiny sizes under the Triton interpreter, every
+timing replaced by one call of the first step, and checks every step kind and every ``--sweep`` candidate
+against the reference, so a broken candidate or step is caught in CI, not in the GPU run. Timing needs the
+GPU and is not tested.
 """
 
 import os
@@ -17,77 +17,102 @@ import pytest
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "kernel_bench.py"
+
+
+def _kernels_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import kernel_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return kernel_bench
 
 
 @pytest.mark.interpreter
-def test_decode_kernels_dry_run():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "decode_kernels.py"), "--dry-run"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("dry run") == 2 and "ok" in done.stdout
+def test_every_case_dry_run():
+    """Each case's dry run with every option that adds steps (sweeps, breakdown, a read copy, the batch / window
+    / draft-length sweeps); two processes side by side (the spec case is the longest)."""
+    options = ["--dry-run", "--sweep", "--breakdown", "--read-dtype", "fp16", "--accept", "random"]
+    groups = [["spec"], ["decode", "conv", "resources"]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRITON_INTERPRET": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, str(SCRIPT), *cases, *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for cases in groups
+    ]
+    for cases, proc in zip(groups, procs):
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        for case in cases:
+            if case != "resources":  # compiles for a GPU target: nothing to run under the interpreter
+                assert f"dry run {case}: ok" in out, out[-2000:]
 
 
-def test_spec_sweep_times_each_table_entry(monkeypatch):
-    """``spec_kernels.py --sweep`` keeps the fastest candidate per launch table: the table's own entry is
-    among the candidates for every geometry (first, if the sweep's list lacks it), so a sweep can only
-    replace it by something it timed."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import spec_kernels
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    from replayssm.ops.triton import configs
-    from replayssm.ops.triton.configs import LaunchConfig
+def test_list_names_every_case(capsys):
+    kernels = _kernels_module()
+    kernels.main(["--list"])
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == list(kernels.CASES)
+
+
+def test_sweeps_time_each_table_entry(monkeypatch):
+    """``--sweep`` keeps the fastest candidate per launch table: the table's own entry is among the candidates
+    for every geometry (first, if the list lacks it), so a sweep can only replace it by something it timed; no
+    candidate twice; only forms the kernels still have."""
+    kernels = _kernels_module()
+    from replayssm.ops.gdn import launch as gdn_launch
+    from replayssm.ops.launch import LaunchConfig
 
     unlisted = LaunchConfig(32, 4, 1, num_stages=7, form="mma")  # in no candidate list
-    monkeypatch.setitem(configs._GDN_VERIFY, (128, 128), unlisted)
-    seen = 0
-    for geometry in spec_kernels.GEOMETRIES.values():
-        for name, table, key, candidates in spec_kernels.sweep_tables(geometry):
-            assert len(set(candidates)) == len(candidates), name
-            if key in table:
-                assert table[key] in candidates, (name, key)
-                seen += 1
-            if name == "_GDN_VERIFY":
-                assert candidates[0] == unlisted
-    assert seen >= 6  # the verify, flush and weights tables of both families
+    monkeypatch.setitem(gdn_launch.VERIFY, (128, 128), unlisted)
+    seen = set()
+    for geometry in kernels.GEOMETRIES.values():
+        for kind in ("decode", "spec"):
+            for s in kernels.sweep_tables(geometry, kind, read=True):
+                assert len(set(s.candidates)) == len(s.candidates), s.name
+                assert s.key in s.table and s.candidates[0] == s.table[s.key], (s.name, s.key)
+                forms = {getattr(c, "form", "") for c in s.candidates}
+                assert forms <= {"", "tokens_prefetched", "mma", "worklist", "dot"}, (s.name, forms)
+                assert "mamba2" not in s.name or forms <= {"", "tokens_prefetched"}, (s.name, forms)
+                if s.name == "gdn.VERIFY":
+                    assert s.candidates[0] == unlisted
+                seen.add(s.name)
+    expected = {"DECODE", "FOLD_IN_MAIN", "DECODE_READ_COPY", "FLUSH", "VERIFY", "WEIGHTS_VERIFY", "CONVENTIONAL"}
+    expected = {f"mamba2.{n}" for n in expected} | {f"gdn.{n}" for n in ("DECODE_LAUNCHES", "DECODE", "DECODE_READ_COPY", "FOLD",
+                                                                           "VERIFY", "VERIFY_SHORT", "WEIGHTS", "WEIGHTS_SHORT", "CONVENTIONAL")}  # fmt: skip
+    assert seen == expected
 
 
-@pytest.mark.parametrize("args, message", [(["--tokens", "1", "6"], "--tokens: draft lengths must be 2 to the window"), (["--batches", "0"], "--batches")])
-def test_spec_sweep_points_are_checked(args, message):
-    """``spec_kernels.py --tokens / --batches`` (the sweeps' points) refuse a bad value before any GPU work."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "spec_kernels.py"), *args], env=env, capture_output=True, text=True, timeout=300
-    )  # fmt: skip
-    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+@pytest.mark.parametrize(
+    "args, message",
+    [(["spec", "--tokens", "1", "6"], "--tokens: draft lengths must be 2 to the window"), (["decode", "--batches", "0"], "--batches"),
+     (["nonsense"], "unknown case"), ([], "name at least one case")],
+)  # fmt: skip
+def test_options_are_checked_first(args, message, capsys):
+    """Bad points, cases or no case are refused before any GPU work."""
+    with pytest.raises(SystemExit) as exit:
+        _kernels_module().main(args)
+    assert exit.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_spec_read_copy_steps_carry_the_copy(family):
-    """``spec_kernels.py --read-dtype``'s verify + commit steps pass the state's read copy to the op: over
-    a sequence that flushes every row, the step matches the reference (outputs and every state tensor,
-    the copy included) and the copy ends as the bf16 rounding of the checkpoint. (On the CPU the op runs
-    its reference; the GPU run checks the kernels the same way before timing them.)"""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import spec_kernels
-        from decode_kernels import DRY_GEOMETRIES, check_failure
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    """``spec --read-dtype``'s verify + commit steps pass the state's read copy to the op: over a sequence that
+    folds every row, the step matches the reference (outputs and every state tensor, the copy included) and
+    the copy ends as the bf16 rounding of the checkpoint. (On the CPU the op runs its reference; the GPU run
+    checks the kernels the same way before timing them.)"""
     import torch
 
-    geometry = next(g for n, g in DRY_GEOMETRIES.items() if n.startswith(family))
-    case = spec_kernels.SpecCase(geometry, 3, 4, "half", read_dtype=torch.bfloat16, device="cpu")
-    assert case.snapshots is None and case.base.state.read_checkpoint is not None
-    case.base.set_phase("staggered")
-    assert check_failure(case.check()) is None
-    before = case.base.state.read_checkpoint.clone()
-    for step in case.replay_steps():  # 16 steps of 2 accepted tokens: every row flushes at least once
+    import replayssm
+
+    kernels = _kernels_module()
+    geometry = next(g for n, g in kernels.DRY_GEOMETRIES.items() if n.startswith(family))
+    point = kernels.SpecPoint(geometry, 3, 4, "half", "cpu", read_dtype=torch.bfloat16, window=4)
+    point.base.fn = {"mamba2": replayssm.ops.mamba2_step, "gdn": replayssm.ops.gdn_step, "commit": replayssm.ops.commit}
+    assert point.snapshots is None and point.base.state.read_checkpoint is not None
+    assert kernels.check_failure(point.check()) is None
+    before = point.base.state.read_checkpoint.clone()
+    for step in point.replay_steps():  # 16 steps of 2 accepted tokens: every row folds at least once
         step()
-    st = case.base.state
+    st = point.base.state
     assert not torch.equal(st.read_checkpoint, before)
     torch.testing.assert_close(st.read_checkpoint, st.checkpoint.to(torch.bfloat16), rtol=0, atol=0)

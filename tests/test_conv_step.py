@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from _triton_devices import DEVICES
 
 from replayssm import ops
-from replayssm.ops import reference as ref
+from replayssm.ops.conv import reference as conv_ref
 
 # (batch, channels, width, taps): transformers' window (width = taps), vLLM's (taps - 1), a wider one,
 # a one-tap conv (no window), odd channel counts across program blocks
@@ -56,7 +56,7 @@ def test_reference_matches_float64_conv(shape, dtype, bias, silu):
     gen = torch.Generator().manual_seed(11)
     x, weight, b, window = _inputs(*shape, dtype, "cpu", gen, bias=bias)
     expected, expected_window = _float64_conv(x, weight, b, window, silu)
-    out = ref.causal_conv_step(x, weight, b, window, silu)
+    out = conv_ref.causal_conv_step(x, weight, b, window, silu)
     assert out.dtype == dtype and out.shape == x.shape
     # rounded to the dtype from an exact-to-fp64 value: within half an ulp of it (plus fp32's double rounding)
     torch.testing.assert_close(out.double(), expected, rtol=_ulp(dtype), atol=1e-6 if dtype == torch.float32 else 1e-3)
@@ -71,7 +71,7 @@ def test_reference_matches_float64_conv(shape, dtype, bias, silu):
 def test_kernel_matches_reference(shape, dtype, strided, form, device):
     """Both kernel forms (w4: windows of 4 columns), three steps in a row (the window moves on each time),
     bias and SiLU (what the mixers use) and neither; output poisoned before each launch."""
-    kernels = pytest.importorskip("replayssm.ops.triton.conv", reason="needs Triton")
+    kernels = pytest.importorskip("replayssm.ops.conv.kernels", reason="needs Triton")
     if form == "w4" and not kernels._fits_w4(torch.empty(1, shape[3]), torch.empty(1, 1, shape[2])):
         pytest.skip("the w4 form takes windows of 4 columns")
     gen = torch.Generator().manual_seed(12)
@@ -80,7 +80,7 @@ def test_kernel_matches_reference(shape, dtype, strided, form, device):
         x, weight, b, fresh_window = _inputs(*shape, dtype, device, gen, bias=bias, strided=strided)
         window = fresh_window if window is None else window  # later steps move on the window the last one left
         ref_window = window.clone()
-        expected = ref.causal_conv_step(x, weight, b, ref_window, silu)
+        expected = conv_ref.causal_conv_step(x, weight, b, ref_window, silu)
         out = torch.full_like(x, float("nan")).contiguous()
         kernels.causal_conv_step_out(x, weight, b, window, silu, out, form=form)
         assert torch.equal(window, ref_window), "the window must move on exactly"

@@ -60,7 +60,7 @@ def test_decode_conv_matches_depthwise_conv(model_type, in_place):
 
 
 # On the GPU inductor keeps a fused bf16 intermediate in fp32 where the eager kernels round it (a form that
-# rounded the sum to bf16 before the activation broke tests/test_hf_cuda.py's token equality on 2026-12-01);
+# rounded the sum to bf16 before the activation broke tests/test_hf_cuda.py's token equality);
 # the CPU compiler rounded both alike, so the CPU case guards less than the GPU one.
 @pytest.mark.parametrize("in_place", WINDOW_KINDS)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])

@@ -16,7 +16,8 @@ from _triton_devices import DEVICES
 from naive import rel_err
 
 from replayssm import GDNGeometry, GDNReplayState, Mamba2Geometry, Mamba2ReplayState, ReplayConfig
-from replayssm.ops import reference as ref
+from replayssm.ops.gdn import reference as gdn_ref
+from replayssm.ops.mamba2 import reference as mamba2_ref
 
 READ_DTYPES = [pytest.param(torch.bfloat16, id="read_bf16"), pytest.param(torch.float16, id="read_fp16")]
 MAMBA2 = Mamba2Geometry(heads=4, head_dim=8, state_size=16, groups=2)
@@ -42,7 +43,7 @@ def _loaded_pair(cls, geometry, slots, window, read_dtype, seed, scale):
     """A replay state with a copy and its float64 twin, both starting from the same random checkpoint."""
     gen = torch.Generator().manual_seed(seed)
     pair = cls(geometry, slots, ReplayConfig(window=window, read_dtype=read_dtype), gen)
-    pair.state.load(None, torch.randn((slots,) + tuple(pair.state.checkpoint.shape[1:]), generator=gen) * scale)
+    pair.state.load(torch.randn((slots,) + tuple(pair.state.checkpoint.shape[1:]), generator=gen) * scale)
     pair.naive.state.copy_(pair.state.checkpoint.double())
     return pair, pair.state
 
@@ -157,7 +158,7 @@ def test_row_operations_keep_the_copy():
     gen = torch.Generator().manual_seed(13)
     state = Mamba2ReplayState(MAMBA2, 3, ReplayConfig(window=4, read_dtype=torch.bfloat16))
     initial = torch.randn(3, 4, 8, 16, generator=gen, dtype=torch.float64)
-    state.load(None, initial)
+    state.load(initial)
     assert torch.equal(state.read_checkpoint, initial.to(torch.bfloat16))  # rounded from the given state
     p = mamba2_params(MAMBA2, gen)
     for _ in range(3):
@@ -199,7 +200,7 @@ def _mamba2_args(state):
 def test_bad_read_copy_is_refused_before_any_write(bad, message):
     gen = torch.Generator().manual_seed(14)
     state = GDNReplayState(GDN, 2, ReplayConfig(window=3))
-    state.load(None, torch.randn(2, 2, 16, 16, generator=gen))
+    state.load(torch.randn(2, 2, 16, 16, generator=gen))
     state.cursor.fill_(3)  # the step would fold
     before = {name: t.clone() for name, t in state.tensors().items()}
     q, k, v, g, beta = gdn_inputs(GDN, 2, 1, gen)
@@ -216,7 +217,7 @@ def test_gdn_ring_beta_is_checked_before_any_write():
     is refused, as is one passed without a copy; the state is left as it was."""
     gen = torch.Generator().manual_seed(16)
     state = GDNReplayState(GDN, 2, ReplayConfig(window=3, read_dtype=torch.bfloat16))
-    state.load(None, torch.randn(2, 2, 16, 16, generator=gen))
+    state.load(torch.randn(2, 2, 16, 16, generator=gen))
     state.cursor.fill_(3)  # the step would fold
     before = {name: t.clone() for name, t in state.tensors().items()}
     q, k, v, g, beta = gdn_inputs(GDN, 2, 1, gen)
@@ -248,7 +249,7 @@ def test_config_refuses_other_read_dtypes():
 def _pair_of_states(cls, geometry, slots, window, read_dtype, device, gen, **kw):
     ours = cls(geometry, slots, ReplayConfig(window=window, read_dtype=read_dtype), device=device, **kw)
     scale = 0.3 if cls is GDNReplayState else 0.5
-    ours.load(None, torch.randn((slots,) + tuple(ours.checkpoint.shape[1:]), generator=gen) * scale)
+    ours.load(torch.randn((slots,) + tuple(ours.checkpoint.shape[1:]), generator=gen) * scale)
     ours.cursor.copy_(torch.arange(slots, dtype=torch.int32) % (window + 1))  # staggered; the rings hold zeros
     theirs = cls(geometry, slots, ReplayConfig(window=window, read_dtype=read_dtype), device="cpu", **kw)
     for name, t in ours.tensors().items():
@@ -280,29 +281,20 @@ def _compare_states(ours, theirs, tol, checkpoint_tol=None):
 
 
 def _gdn_forms():
-    from replayssm.ops.triton.configs import LaunchConfig
+    from replayssm.ops.launch import LaunchConfig
 
     return {
         "tables": {},
-        "entries-fold": dict(read_copy_fold="entries"),  # the exact fold entry by entry (configs.GDN_READ_COPY_FOLDS)
-        "blocked-fold": dict(read_copy_fold="blocked"),  # the corrections as two products per tile (the table's "merged": one)
-        "blocked-tf32x3-fold": dict(read_copy_fold="blocked-tf32x3"),  # the corrections on the tensor cores
-        "merged-tf32x3-fold": dict(read_copy_fold="merged-tf32x3"),
         "worklist-fold": dict(flush_config=LaunchConfig(16, 2, 4, form="worklist", programs_per_sm=1)),  # half heads
         "grid-fold": dict(flush_config=LaunchConfig(16, 1, 4)),  # a program per (value head, row)
-        "alongside-fold-mma": dict(
-            config=LaunchConfig(16, 1, 1, form="mma"), flush_config=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1)
-        ),
-        "alongside-entries-fold": dict(
-            flush_config=LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), read_copy_fold="entries"
-        ),
+        "mma": dict(config=LaunchConfig(16, 1, 1, form="mma")),
     }
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
-    kernels = pytest.importorskip("replayssm.ops.triton.mamba2", reason="needs Triton")
+    kernels = pytest.importorskip("replayssm.ops.mamba2.kernels", reason="needs Triton")
     gen = torch.Generator().manual_seed(21)
     geometry, window, slots = Mamba2Geometry(heads=4, head_dim=16, state_size=16, groups=2), 4, 4
     ours, theirs = _pair_of_states(Mamba2ReplayState, geometry, slots, window, read_dtype, device, gen)
@@ -315,7 +307,7 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
         commit = T == 1
         x, dt, B, C, z = (t.to(device) for t in mamba2_inputs(geometry, 3, T, gen, dtype=torch.bfloat16))
         flushes += int((ours.cursor[rows] + T > window).sum())
-        y_ref = ref.mamba2_step(
+        y_ref = mamba2_ref.mamba2_step(
             x.cpu(), dt.cpu(), p.A, B.cpu(), C.cpu(), p.D, p.dt_bias, z.cpu(), *_mamba2_args(theirs), rows.cpu(), commit, True,
             theirs.read_checkpoint,
         )  # fmt: skip
@@ -335,8 +327,7 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "form",
-    ["tables", "entries-fold", "blocked-fold", "blocked-tf32x3-fold", "merged-tf32x3-fold", "worklist-fold",
-     "grid-fold", "alongside-fold-mma", "alongside-entries-fold"],
+    ["tables", "worklist-fold", "grid-fold", "mma"],
 )  # fmt: skip
 @pytest.mark.parametrize("read_dtype", READ_DTYPES)
 def test_gdn_kernels_match_reference_with_read_copy(read_dtype, form, device):
@@ -356,7 +347,7 @@ def _gdn_kernels_against_reference_with_read_copy(geometry, read_dtype, device, 
     """Decode and verify steps (T = 1, 1, 2, 3, window 4, rows at different ring positions) through the kernels
     with ``launch_kwargs`` and through the reference, against states that read a copy: outputs and every state
     tensor compared after each step."""
-    kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
+    kernels = pytest.importorskip("replayssm.ops.gdn.step", reason="needs Triton")
     gen = torch.Generator().manual_seed(22)
     window, slots = 4, 4
     ours, theirs = _pair_of_states(GDNReplayState, geometry, slots, window, read_dtype, device, gen)
@@ -368,7 +359,7 @@ def _gdn_kernels_against_reference_with_read_copy(geometry, read_dtype, device, 
         q, k, v, g, beta = (t.to(device) for t in gdn_inputs(geometry, 3, T, gen))
         flushes += int((ours.cursor[rows] + T > window).sum())
         inputs = (q, k, v, g, beta)
-        o_ref = ref.gdn_step(*(t.cpu() for t in inputs), *_gdn_args(theirs), rows.cpu(), commit, True, None, theirs.read_checkpoint, theirs.ring_beta)
+        o_ref = gdn_ref.gdn_step(*(t.cpu() for t in inputs), *_gdn_args(theirs), rows.cpu(), commit, True, None, theirs.read_checkpoint, theirs.ring_beta)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(
             *inputs, *_gdn_args(ours), rows, commit, True, None, o=o, read_checkpoint=ours.read_checkpoint, ring_beta=ours.ring_beta,
@@ -386,14 +377,14 @@ def _gdn_kernels_against_reference_with_read_copy(geometry, read_dtype, device, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "grid-fold", "alongside-fold-mma"])
+@pytest.mark.parametrize("form", ["tables", "grid-fold", "mma"])
 def test_gdn_verification_with_a_copy_reads_the_checkpoint_and_folds_plainly(form, device):
     """Verification with a copy reads the checkpoint. After decode steps (entries formed against the copy;
     one row's value head 0 with beta exactly 0, stored as -0), the first verify step folds every row whose
     ring ends in such entries, exactly; from then on every entry is exact (beta +0) and every fold plain.
     The kernels match the reference with the copy throughout, and from the first verify step on their
     outputs and state match the same kernels without a copy (T = 2..4, random accepted counts, window 8)."""
-    kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
+    kernels = pytest.importorskip("replayssm.ops.gdn.step", reason="needs Triton")
     gen = torch.Generator().manual_seed(24)
     geometry, window, slots = GDNGeometry(key_heads=2, value_heads=4, key_dim=16, value_dim=32), 8, 3
     ours, theirs = _pair_of_states(GDNReplayState, geometry, slots, window, torch.bfloat16, device, gen)
@@ -401,7 +392,7 @@ def test_gdn_verification_with_a_copy_reads_the_checkpoint_and_folds_plainly(for
     launch = _gdn_forms()[form]
 
     def step(inputs, commit):
-        o_ref = ref.gdn_step(*(t.cpu() for t in inputs), *_gdn_args(theirs), rows.cpu(), commit, True, None, theirs.read_checkpoint, theirs.ring_beta)
+        o_ref = gdn_ref.gdn_step(*(t.cpu() for t in inputs), *_gdn_args(theirs), rows.cpu(), commit, True, None, theirs.read_checkpoint, theirs.ring_beta)
         o = torch.full_like(inputs[2], float("nan"))
         kernels.gdn_step_out(
             *inputs, *_gdn_args(ours), rows, commit, True, None, o=o, read_checkpoint=ours.read_checkpoint, ring_beta=ours.ring_beta, **launch
@@ -445,12 +436,12 @@ def test_gdn_verification_with_a_copy_reads_the_checkpoint_and_folds_plainly(for
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["tables", "entries-fold", "blocked-fold", "merged-tf32x3-fold"])
+@pytest.mark.parametrize("form", ["tables", "grid-fold"])
 def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
     """The exact fold over a full window-16 ring whose keys nearly align and whose betas are near 1: there
     the coupling between entries is strong, so every power of the blocked form's ``A`` (up to ``A^15``)
     shapes the corrections; the small-window test above never reaches past ``A^3``."""
-    kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
+    kernels = pytest.importorskip("replayssm.ops.gdn.step", reason="needs Triton")
     gen = torch.Generator().manual_seed(23)
     geometry, window, slots = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=16), 16, 3
     ours, theirs = _pair_of_states(GDNReplayState, geometry, slots, window, torch.bfloat16, device, gen)
@@ -466,7 +457,7 @@ def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
         beta = 0.9 + 0.09 * torch.rand(slots, 1, geometry.value_heads, generator=gen)
         inputs = (q, k, v, g, beta)
         flushes += int((ours.cursor[rows] + 1 > window).sum())
-        o_ref = ref.gdn_step(*inputs, *_gdn_args(theirs), rows.cpu(), True, True, None, theirs.read_checkpoint, theirs.ring_beta)
+        o_ref = gdn_ref.gdn_step(*inputs, *_gdn_args(theirs), rows.cpu(), True, True, None, theirs.read_checkpoint, theirs.ring_beta)
         o = torch.full_like(v, float("nan"), device=device)
         kernels.gdn_step_out(
             *(t.to(device) for t in inputs), *_gdn_args(ours), rows, True, True, None, o=o,
@@ -478,8 +469,8 @@ def test_gdn_read_copy_fold_of_a_full_ring_of_aligned_keys(form, device):
 
 
 def test_kernel_forms_a_read_copy_cannot_use_are_refused():
-    kernels_m = pytest.importorskip("replayssm.ops.triton.mamba2", reason="needs Triton")
-    kernels_g = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
+    kernels_m = pytest.importorskip("replayssm.ops.mamba2.kernels", reason="needs Triton")
+    kernels_g = pytest.importorskip("replayssm.ops.gdn.step", reason="needs Triton")
     gen = torch.Generator().manual_seed(23)
     m = Mamba2ReplayState(MAMBA2, 2, ReplayConfig(window=4, read_dtype=torch.bfloat16))
     p = mamba2_params(MAMBA2, gen)
@@ -496,16 +487,6 @@ def test_kernel_forms_a_read_copy_cannot_use_are_refused():
             q, k, v, g, beta, *_gdn_args(s), torch.arange(2), True, True, None, o=torch.empty_like(v), decode_launches=1,
             read_checkpoint=s.read_checkpoint, ring_beta=s.ring_beta,
         )  # fmt: skip
-    # An unknown fold form is refused before anything is written.
-    s.load([0, 1], torch.randn((2,) + tuple(s.checkpoint.shape[1:]), generator=gen))
-    before = {name: t.clone() for name, t in s.tensors().items()}
-    with pytest.raises(ValueError, match="read_copy_fold must be one of"):
-        kernels_g.gdn_step_out(
-            q, k, v, g, beta, *_gdn_args(s), torch.arange(2), True, True, None, o=torch.empty_like(v),
-            read_checkpoint=s.read_checkpoint, ring_beta=s.ring_beta, read_copy_fold="blocked-bf16",
-        )  # fmt: skip
-    for name, t in s.tensors().items():
-        assert torch.equal(t, before[name]), name
 
 
 # --- on the GPU: capture, and long runs against float64 -----------------------------------------------
@@ -534,7 +515,7 @@ def test_read_copy_step_replays_in_a_cuda_graph(family):
         geometry = GDNGeometry(key_heads=2, value_heads=4, key_dim=128, value_dim=128)
         make, p = (lambda: GDNReplayState(geometry, 5, config, device="cuda")), None
     ours, eager = make(), make()
-    ours.load(None, torch.randn((5,) + tuple(ours.checkpoint.shape[1:]), generator=gen).cuda() * 0.3)
+    ours.load(torch.randn((5,) + tuple(ours.checkpoint.shape[1:]), generator=gen).cuda() * 0.3)
     ours.cursor.copy_(torch.arange(5, dtype=torch.int32, device="cuda") % 5)
     for name, t in ours.tensors().items():
         getattr(eager, name).copy_(t)

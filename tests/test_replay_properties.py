@@ -56,7 +56,7 @@ def _run(family: str, data) -> None:
         elif action == "load":
             rows = data.draw(rows_strategy, label="rows")
             loaded = 0.5 * torch.randn((len(rows),) + tuple(pair.state.checkpoint.shape[1:]), generator=pair.gen)
-            pair.state.load(rows, loaded)
+            pair.state.load(loaded, rows)
             pair.naive.state[rows] = loaded.double()
         else:
             index = data.draw(st.lists(st.integers(0, SLOTS - 1), min_size=SLOTS, max_size=SLOTS), label="index")

@@ -49,7 +49,7 @@ def test_reset_load_select_reorder(family):
     assert rel_err(pair.state.materialize(), pair.naive.state) < 1e-5
     # load a prefill state into rows 1 and 2: rings emptied
     loaded = torch.randn((2,) + tuple(pair.state.checkpoint.shape[1:]), generator=pair.gen)
-    pair.state.load([1, 2], loaded)
+    pair.state.load(loaded, [1, 2])
     pair.naive.state[[1, 2]] = loaded.double()
     assert pair.state.cursor[[1, 2]].tolist() == [0, 0]
     _advance(pair, [0, 1, 2, 3], 2)

@@ -13,10 +13,12 @@ import torch.nn.functional as F
 from _triton_devices import DEVICES, DEVICES_OVERLAP
 from naive import NaiveGDN, rel_err
 
-from replayssm.ops import reference as ref
-from replayssm.ops.triton.configs import LaunchConfig
+from replayssm.ops.commit import reference as commit_ref
+from replayssm.ops.gdn import reference as gdn_ref
+from replayssm.ops.launch import LaunchConfig
 
-kernels = pytest.importorskip("replayssm.ops.triton.gdn", reason="needs Triton")
+kernels = pytest.importorskip("replayssm.ops.gdn.step", reason="needs Triton")
+conventional = pytest.importorskip("replayssm.ops.gdn.conventional", reason="needs Triton")
 
 
 # (batch, key_heads, value_heads, key_dim, value_dim, window), input dtype, checkpoint dtype, l2norm,
@@ -86,7 +88,7 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, act_dtype, device, gen, l2norm)
         flushes += int((ours[4][rows] == window).sum())
         mixed += _mixed(ours[4][rows], 1, window)
-        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, l2norm, None)
+        o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, l2norm, None)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, l2norm, None, o=o, decode_launches=launches)
         assert rel_err(o, o_ref) < tol_out
@@ -108,14 +110,14 @@ def test_replay_step_uncommitted_and_scale(launches, device):
     theirs = [t.clone() for t in ours]
     for step in range(3 * window + 1):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen)
-        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, 0.3)
+        o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, 0.3)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, 0.3, o=o, decode_launches=launches)
         assert rel_err(o, o_ref) < 1e-5
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
         accepted = torch.tensor([step % 2, 1], device=device)
         for state in (ours, theirs):
-            ref.commit(state[4], state[5], rows, accepted)
+            commit_ref.commit(state[4], state[5], rows, accepted)
         assert rel_err(ours[0], theirs[0]) < 1e-5
         assert rel_err(ours[2], theirs[2]) < 1e-5
 
@@ -139,7 +141,7 @@ def test_replay_step_launch_variants(config, device):
     for step in range(2 * window + 1):
         T = 1 + step % 2
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
-        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
+        o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config)
         assert rel_err(o, o_ref) < 1e-5
@@ -184,7 +186,7 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, device):
     [
         pytest.param(None, None, id="tables"),
         pytest.param(
-            LaunchConfig(16, 1, 1, num_stages=2, form="mma"), LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), id="mma-alongside-fold"
+            LaunchConfig(16, 1, 1, num_stages=2, form="mma"), LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=1), id="mma-worklist-fold"
         ),
     ],
 )
@@ -193,7 +195,7 @@ def test_verify_commit_tracks_float64_recurrence(config, flush_config, device):
     drafts (1..T; the rest is padding, never accepted), random accepted counts: outputs and
     materialize() vs the float64 recurrence over accepted tokens only; ring, checkpoint and cursors vs
     the reference, across flushes (launches where some rows fold and others do not). With the tables'
-    launches, and with the fold launch beside the main launch ("alongside") under the "mma" form."""
+    launches, and with a work-list fold launch under the "mma" form."""
     batch, key_heads, value_heads, key_dim, value_dim, window = 3, 2, 4, 32, 16, 6
     gen = _gen()
     rows = torch.tensor([2, 0, 1], device=device)
@@ -209,7 +211,7 @@ def test_verify_commit_tracks_float64_recurrence(config, flush_config, device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
         flushes += int((ours[4][rows] + T > window).sum())
         mixed += _mixed(ours[4][rows], T, window)
-        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
+        o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, config=config, flush_config=flush_config)
         assert rel_err(o, o_ref) < 1e-5
@@ -217,7 +219,7 @@ def test_verify_commit_tracks_float64_recurrence(config, flush_config, device):
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
         accepted = (torch.rand(batch, generator=gen) * (drafts + 1)).long().clamp(max=drafts).to(device)
         for state in (ours, theirs):
-            ref.commit(state[4], state[5], rows, accepted)
+            commit_ref.commit(state[4], state[5], rows, accepted)
         for name, a, b in zip(("checkpoint", "ring_k", "ring_d", "ring_g"), ours[:4], theirs[:4]):
             assert rel_err(a, b) < 1e-5, name
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
@@ -229,7 +231,7 @@ def test_verify_commit_tracks_float64_recurrence(config, flush_config, device):
                 assert rel_err(o[b, t].cpu(), o_t) < 1e-5
                 if t + 1 == int(accepted[b]):
                     naive.state[r] = s
-        state_now = ref.gdn_materialize(*ours[:5], rows)
+        state_now = gdn_ref.gdn_materialize(*ours[:5], rows)
         assert rel_err(state_now.cpu(), naive.state[rows.cpu()]) < 1e-5
     assert flushes >= 6 and mixed >= 3
 
@@ -248,14 +250,7 @@ VERIFY_VARIANTS = [
         LaunchConfig(32, 2, 1, num_stages=4, form="mma"), LaunchConfig(16, 1, 2, form="worklist", programs_per_sm=1), None,
         id="block32-mma-worklist-fold-2w",
     ),
-    # the fold launch beside the main launch ("alongside": it also finishes the rows it folds and appends
-    # their keys), per-token and mma main launches, whole and half heads per item
-    pytest.param(LaunchConfig(8, 6, 1), LaunchConfig(16, 1, 4, form="alongside", programs_per_sm=1), None, id="block8-alongside-fold"),
-    pytest.param(LaunchConfig(16, 3, 2), LaunchConfig(16, 2, 2, form="alongside", programs_per_sm=3), None, id="block16-alongside-fold-split2"),
-    pytest.param(
-        LaunchConfig(32, 2, 1, num_stages=4, form="mma"), LaunchConfig(32, 2, 4, form="alongside", programs_per_sm=1), None,
-        id="block32-mma-alongside-fold-split2",
-    ),
+    pytest.param(LaunchConfig(16, 3, 2), LaunchConfig(16, 2, 2, form="worklist", programs_per_sm=3), None, id="block16-worklist-fold-split2-3p"),
     # the token products as tensor-core dots (tf32x3), a program looping over two tiles and one per program
     pytest.param(LaunchConfig(16, 2, 1, form="mma"), None, None, id="block16-mma-loop"),
     pytest.param(LaunchConfig(32, 2, 2, form="mma"), None, None, id="block32-mma-2w"),
@@ -281,7 +276,7 @@ def test_verify_launch_variants(config, flush_config, weights_config, overlap, d
     for step in range(3 * window):
         T = 1 + step % 3
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
-        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
+        o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, True, None)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(
             q, k, v, g, beta, *ours, rows, True, True, None, o=o, config=config, flush_config=flush_config,
@@ -296,7 +291,7 @@ def test_verify_launch_variants(config, flush_config, weights_config, overlap, d
     "config, flush_config, weights_config, decode_launches",
     [
         (LaunchConfig(16, 1, 1, form="tokens"), None, None, 3),
-        (None, LaunchConfig(16, 1, 4, form="rows4"), None, 3),
+        (None, LaunchConfig(16, 1, 4, form="alongside"), None, 3),
         (None, None, LaunchConfig(1, 1, 1, form="x"), 3),
         (LaunchConfig(16, 1, 2, form="tokens"), None, None, 1),
     ],
@@ -322,7 +317,7 @@ def test_bad_form_raises_before_any_launch(config, flush_config, weights_config,
     "config, flush_config, message",
     [
         pytest.param(LaunchConfig(8, 2, 1, form="mma"), None, "'mma' form needs tiles of >= 16 rows", id="mma-main"),
-        pytest.param(None, LaunchConfig(8, 2, 4, form="alongside"), "fold needs tiles of >= 16 rows", id="fold"),
+        pytest.param(None, LaunchConfig(8, 2, 4, form="worklist"), "fold needs tiles of >= 16 rows", id="fold"),
     ],
 )
 def test_dot_forms_need_tiles_of_16_rows(config, flush_config, message):
@@ -363,14 +358,14 @@ def test_verify_up_to_the_window(ckpt_dtype, l2norm, tol, config, weights_config
     for step in range(4):
         T = 5 + step
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, l2norm, num_tokens=T)
-        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, l2norm, 0.2)
+        o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, l2norm, 0.2)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, l2norm, 0.2, o=o, config=config, weights_config=weights_config)
         assert rel_err(o, o_ref) < tol
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
         accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
         for state in (ours, theirs):
-            ref.commit(state[4], state[5], rows, accepted)
+            commit_ref.commit(state[4], state[5], rows, accepted)
         for name, a, b in zip(("checkpoint", "ring_k", "ring_d", "ring_g"), ours[:4], theirs[:4]):
             assert rel_err(a, b) < tol, name
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
@@ -392,13 +387,13 @@ def test_mma_form_over_key_chunks(stages, device):
     for step in range(6):
         T = 4 + 2 * (step % 2)
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=T)
-        o_ref = ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
+        o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
         o = torch.full_like(v, float("nan"))
         kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, config=config)
         assert rel_err(o, o_ref) < 1e-5
         accepted = torch.randint(0, T + 1, (batch,), generator=gen).to(device)
         for state in (ours, theirs):
-            ref.commit(state[4], state[5], rows, accepted)
+            commit_ref.commit(state[4], state[5], rows, accepted)
         for name, a, b in zip(("checkpoint", "ring_k", "ring_d", "ring_g"), ours[:4], theirs[:4]):
             assert rel_err(a, b) < 1e-5, name
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
@@ -422,9 +417,9 @@ def test_conventional_step_matches_reference(dims, act_dtype, state_dtype, tol_o
     theirs = state.clone()
     for _ in range(2):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, act_dtype, device, gen, num_tokens=num_tokens)
-        o_ref = ref.gdn_conventional_step(q, k, v, g, beta, theirs, rows, True, None)
+        o_ref = gdn_ref.gdn_conventional_step(q, k, v, g, beta, theirs, rows, True, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_conventional_step_out(q, k, v, g, beta, state, rows, True, None, o=o)
+        conventional.gdn_conventional_step_out(q, k, v, g, beta, state, rows, True, None, o=o)
         assert rel_err(o, o_ref) < tol_out
         assert rel_err(state, theirs) < tol_state
 
@@ -440,12 +435,12 @@ def test_snapshot_baseline_writes_every_state(device):
     snapshots = torch.full((batch, num_tokens, value_heads, value_dim, key_dim), float("nan"), device=device)
     q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=num_tokens)
     o = torch.full_like(v, float("nan"))
-    kernels.gdn_conventional_step_out(q, k, v, g, beta, state, rows, True, None, o=o, snapshots=snapshots)
+    conventional.gdn_conventional_step_out(q, k, v, g, beta, state, rows, True, None, o=o, snapshots=snapshots)
     assert torch.equal(state, before)
     walk = before.clone()
     for t in range(num_tokens):
         sl = slice(t, t + 1)
-        o_t = ref.gdn_conventional_step(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], walk, rows, True, None)
+        o_t = gdn_ref.gdn_conventional_step(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], walk, rows, True, None)
         assert rel_err(o[:, sl], o_t) < 1e-5
         assert rel_err(snapshots[:, t], walk) < 1e-5
 

@@ -1,5 +1,5 @@
 """When replay steps overlap their launches (programmatic dependent launch): the gating in
-``replayssm.ops.triton.common.overlap_launches``. The kernels' waits themselves are checked by
+``replayssm.ops.triton_helpers.overlap_launches``. The kernels' waits themselves are checked by
 the kernel tests, which run every launch form with overlap on and off on a GPU."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-common = pytest.importorskip("replayssm.ops.triton.common", reason="needs Triton")
+common = pytest.importorskip("replayssm.ops.triton_helpers", reason="needs Triton")
 
 CUDA0 = torch.device("cuda", 0)
 

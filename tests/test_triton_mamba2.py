@@ -12,10 +12,12 @@ import torch
 from _triton_devices import DEVICES, DEVICES_OVERLAP
 from naive import NaiveMamba2, rel_err
 
-from replayssm.ops import reference as ref
-from replayssm.ops.triton.configs import LaunchConfig
+from replayssm.ops.commit import reference as commit_ref
+from replayssm.ops.mamba2 import reference as mamba2_ref
+from replayssm.ops.launch import LaunchConfig
 
-kernels = pytest.importorskip("replayssm.ops.triton.mamba2", reason="needs Triton")
+kernels = pytest.importorskip("replayssm.ops.mamba2.kernels", reason="needs Triton")
+conventional = pytest.importorskip("replayssm.ops.mamba2.conventional", reason="needs Triton")
 
 
 # (batch, heads, head_dim, state_size, groups, window), input dtype, checkpoint dtype,
@@ -84,7 +86,7 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, tol_out, tol
     for _ in range(3 * window + 2):
         x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, act_dtype, device, gen)
         flushes += int((ours[5][rows] == window).sum())
-        y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
+        y_ref = mamba2_ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
         y = torch.full_like(x, float("nan"))
         kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, fold_in_main=fold_in_main, overlap=overlap)
         assert rel_err(y, y_ref) < tol_out
@@ -107,14 +109,14 @@ def test_replay_step_without_optional_inputs_and_uncommitted(device):
     for step in range(3 * window + 1):
         x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, optional=False)
         dt = dt.abs() * 0.3  # no softplus: dt must be positive already
-        y_ref = ref.mamba2_step(x, dt, A, B, C, None, None, None, *theirs, rows, False, False)
+        y_ref = mamba2_ref.mamba2_step(x, dt, A, B, C, None, None, None, *theirs, rows, False, False)
         y = torch.full_like(x, float("nan"))
         kernels.mamba2_step_out(x, dt, A, B, C, None, None, None, *ours, rows, False, False, y=y)
         assert rel_err(y, y_ref) < 1e-5
         assert torch.equal(ours[5], theirs[5]) and torch.equal(ours[6], theirs[6])
         accepted = torch.tensor([step % 2, 1], device=device)
         for state in (ours, theirs):
-            ref.commit(state[5], state[6], rows, accepted)
+            commit_ref.commit(state[5], state[6], rows, accepted)
         assert rel_err(ours[0], theirs[0]) < 1e-5
         assert rel_err(ours[1], theirs[1]) < 1e-6 and rel_err(ours[4], theirs[4]) < 1e-6
 
@@ -130,9 +132,8 @@ VARIANTS = [
     pytest.param(LaunchConfig(16, 1, 2), None, id="block16-split1-fold-in-main"),
     pytest.param(LaunchConfig(4, 12, 1), None, id="block4-one-tile-per-program-fold-in-main"),
     # the main launch's forms (_mamba2_main_kernel): T outputs as one block
-    pytest.param(LaunchConfig(8, 6, 1, form="tokens"), LaunchConfig(16, 1, 4), id="block8-tokens"),
-    pytest.param(LaunchConfig(16, 1, 2, form="tokens_chunked"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-chunked"),
-    pytest.param(LaunchConfig(16, 3, 1, form="tokens"), None, id="block16-tokens-fold-in-main"),
+    pytest.param(LaunchConfig(8, 6, 1, 3, form="tokens_prefetched"), LaunchConfig(16, 1, 4), id="block8-tokens-prefetched2"),
+    pytest.param(LaunchConfig(16, 3, 1, 2, form="tokens_prefetched"), None, id="block16-tokens-prefetched1-fold-in-main"),
     # chunks loaded 1 / 2 ahead (T = 2 here: one N chunk of 32 on 2 warps, so the loads ahead are masked off;
     # VERIFY_FORMS below has tiles of 2 and 4 chunks)
     pytest.param(LaunchConfig(16, 1, 2, 2, form="tokens_prefetched"), LaunchConfig(16, 1, 4), id="block16-split1-tokens-prefetched1"),
@@ -153,7 +154,7 @@ def test_replay_step_launch_variants(config, flush_config, device):
     for step in range(2 * window + 1):
         T = 1 + step % 2
         x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=T)
-        y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
+        y_ref = mamba2_ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
         y = torch.full_like(x, float("nan"))
         kernels.mamba2_step_out(
             x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, config=config, flush_config=flush_config,
@@ -179,7 +180,7 @@ def test_weights_launch_warps(warps, fold_in_main, device):
     for step in range(2 * window + 1):
         T = 1 + 2 * (step % 2)
         x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=T)
-        y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
+        y_ref = mamba2_ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, True, True)
         y = torch.full_like(x, float("nan"))
         kernels.mamba2_step_out(
             x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, y=y, fold_in_main=fold_in_main and T == 1,
@@ -235,9 +236,8 @@ VERIFY_FORMS = pytest.mark.parametrize(
     "config",
     [
         pytest.param(None, id="table"),
-        pytest.param(LaunchConfig(8, 2, 1, form="tokens"), id="tokens-block8"),
-        pytest.param(LaunchConfig(16, 1, 2, form="tokens"), id="tokens-block16"),
-        pytest.param(LaunchConfig(16, 1, 1, form="tokens_chunked"), id="tokens-chunked-block16"),
+        pytest.param(LaunchConfig(8, 2, 1, 2, form="tokens_prefetched"), id="tokens-prefetched1-block8"),
+        pytest.param(LaunchConfig(16, 1, 2, 5, form="tokens_prefetched"), id="tokens-prefetched4-block16-2w"),
         # 32-row tiles on one warp: N chunks of 8, four of them at T = 3, 4 (two at T = 2), loaded 1 / 2 / 3 ahead
         pytest.param(LaunchConfig(32, 1, 1, 2, form="tokens_prefetched"), id="tokens-prefetched1-block32"),
         pytest.param(LaunchConfig(32, 1, 1, 3, form="tokens_prefetched"), id="tokens-prefetched2-block32"),
@@ -273,14 +273,14 @@ def test_verify_commit_tracks_float64_recurrence(config, device):
         T = 2 + step % 3
         x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=T)
         flushes += int((ours[5][rows] + T > window).sum())
-        y_ref = ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, False, True)
+        y_ref = mamba2_ref.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *theirs, rows, False, True)
         y = torch.full_like(x, float("nan"))
         kernels.mamba2_step_out(x, dt, A, B, C, D, dt_bias, z, *ours, rows, False, True, y=y, config=config)
         assert rel_err(y, y_ref) < 1e-5
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
         accepted = (torch.rand(batch, generator=gen) * (drafts + 1)).long().clamp(max=drafts).to(device)
         for state in (ours, theirs):
-            ref.commit(state[5], state[6], rows, accepted)
+            commit_ref.commit(state[5], state[6], rows, accepted)
         for name, a, b in zip(("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay"), ours[:5], theirs[:5]):
             assert rel_err(a, b) < 1e-5, name
         assert torch.equal(ours[5], theirs[5]) and torch.equal(ours[6], theirs[6])
@@ -292,7 +292,7 @@ def test_verify_commit_tracks_float64_recurrence(config, device):
                 assert rel_err(y[b, t].cpu(), y_t) < 1e-5
                 if t + 1 == int(accepted[b]):
                     naive.state[r] = s
-        state_now = ref.mamba2_materialize(*ours[:6], rows)
+        state_now = mamba2_ref.mamba2_materialize(*ours[:6], rows)
         assert rel_err(state_now.cpu(), naive.state[rows.cpu()]) < 1e-5
     assert flushes >= 4
 
@@ -314,9 +314,9 @@ def test_conventional_step_matches_reference(dims, act_dtype, state_dtype, tol_o
     theirs = state.clone()
     for _ in range(2):
         x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, act_dtype, device, gen, num_tokens=num_tokens)
-        y_ref = ref.mamba2_conventional_step(x, dt, A, B, C, D, dt_bias, z, theirs, rows, True)
+        y_ref = mamba2_ref.mamba2_conventional_step(x, dt, A, B, C, D, dt_bias, z, theirs, rows, True)
         y = torch.full_like(x, float("nan"))
-        kernels.mamba2_conventional_step_out(x, dt, A, B, C, D, dt_bias, z, state, rows, True, y=y)
+        conventional.mamba2_conventional_step_out(x, dt, A, B, C, D, dt_bias, z, state, rows, True, y=y)
         assert rel_err(y, y_ref) < tol_out
         assert rel_err(state, theirs) < tol_state
 
@@ -333,11 +333,11 @@ def test_snapshot_baseline_writes_every_state(device):
     snapshots = torch.full((batch, num_tokens, heads, head_dim, state_size), float("nan"), device=device)
     x, dt, B, C, z = _inputs(batch, heads, head_dim, state_size, groups, torch.float32, device, gen, num_tokens=num_tokens)
     y = torch.full_like(x, float("nan"))
-    kernels.mamba2_conventional_step_out(x, dt, A, B, C, D, dt_bias, z, state, rows, True, y=y, snapshots=snapshots)
+    conventional.mamba2_conventional_step_out(x, dt, A, B, C, D, dt_bias, z, state, rows, True, y=y, snapshots=snapshots)
     assert torch.equal(state, before)
     walk = before.clone()
     for t in range(num_tokens):
-        y_t = ref.mamba2_conventional_step(x[:, t : t + 1], dt[:, t : t + 1], A, B[:, t : t + 1], C[:, t : t + 1], D, dt_bias, z[:, t : t + 1], walk, rows, True)
+        y_t = mamba2_ref.mamba2_conventional_step(x[:, t : t + 1], dt[:, t : t + 1], A, B[:, t : t + 1], C[:, t : t + 1], D, dt_bias, z[:, t : t + 1], walk, rows, True)
         assert rel_err(y[:, t : t + 1], y_t) < 1e-5
         assert rel_err(snapshots[:, t], walk) < 1e-5
 
@@ -411,7 +411,7 @@ def test_registered_op_and_cuda_graph():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_commit_kernel_matches_reference(device):
-    from replayssm.ops.triton.commit import commit
+    from replayssm.ops.commit.kernels import commit
 
     cursor = torch.tensor([3, 0, 5, 2], dtype=torch.int32, device=device)
     pending = torch.tensor([2, 4, 0, 3], dtype=torch.int32, device=device)
@@ -419,11 +419,11 @@ def test_commit_kernel_matches_reference(device):
     accepted = torch.tensor([1, 4], device=device)
     theirs = (cursor.clone(), pending.clone())
     commit(cursor, pending, rows, accepted)
-    ref.commit(*theirs, rows, accepted)
+    commit_ref.commit(*theirs, rows, accepted)
     assert torch.equal(cursor, theirs[0]) and torch.equal(pending, theirs[1])
 
 
-@pytest.mark.parametrize("form", ["token", "tokens+tokens_chunked", "fold_dot"])
+@pytest.mark.parametrize("form", ["token", "tokens", "tokens_chunked", "fold_dot"])
 def test_unknown_main_form_is_rejected(form):
     with pytest.raises(ValueError, match="no form"):
         kernels._main_form(LaunchConfig(16, 1, 1, form=form), 4, 4, 128)
@@ -456,18 +456,16 @@ def test_bad_form_raises_before_any_launch(config, flush_config, fold_in_main, n
 
 
 def test_token_block_chunks():
-    """"tokens" takes N at once; "tokens_chunked" sizes chunks to 32 accumulators per thread."""
-    chunk = lambda form, block, warps, block_t: kernels._main_form(LaunchConfig(block, 1, warps, form=form), 4, block_t, 128)["N_CHUNK"]  # noqa: E731
-    assert chunk("tokens", 16, 1, 4) == 128
-    assert [chunk("tokens_chunked", 8, 1, 4), chunk("tokens_chunked", 16, 1, 4), chunk("tokens_chunked", 16, 2, 8)] == [32, 16, 16]
-    assert kernels._main_form(LaunchConfig(16, 1, 1, 2, form="tokens_prefetched"), 4, 4, 128)["N_CHUNK"] == 16
+    """"tokens_prefetched" sizes its N chunks to 32 accumulators per thread."""
+    chunk = lambda block, warps, block_t: kernels._main_form(LaunchConfig(block, 1, warps, 2, form="tokens_prefetched"), 4, block_t, 128)["N_CHUNK"]  # noqa: E731
+    assert [chunk(8, 1, 4), chunk(16, 1, 4), chunk(16, 2, 8)] == [32, 16, 16]
 
 
 def test_token_block_prefetch_depth():
-    """"tokens_prefetched" loads 1 to 4 chunks ahead (num_stages 2 to 5); the other forms none."""
+    """"tokens_prefetched" loads 1 to 4 chunks ahead (num_stages 2 to 5); the per-token form none."""
     form = lambda name, stages: kernels._main_form(LaunchConfig(16, 1, 1, stages, form=name), 4, 4, 128)  # noqa: E731
     prefetch = [form("tokens_prefetched", stages)["PREFETCH"] for stages in (2, 3, 4, 5)]
-    assert prefetch + [form("tokens_chunked", 1)["PREFETCH"]] == [1, 2, 3, 4, 0]
+    assert prefetch + [form("", 1)["PREFETCH"]] == [1, 2, 3, 4, 0]
     for stages in (1, 6):
         with pytest.raises(ValueError, match="'tokens_prefetched' form takes num_stages 2 to 5"):
             form("tokens_prefetched", stages)

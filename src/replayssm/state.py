@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from . import ops
-from .ops import reference
+from .ops.gdn import reference as gdn_reference
 from .config import ReplayConfig
 
 
@@ -63,39 +63,140 @@ class GDNGeometry:
             raise ValueError(f"GDNGeometry.key_heads ({self.key_heads}) must divide value_heads ({self.value_heads})")
 
 
+RingLayout = list[tuple[str, tuple[int, ...], torch.dtype]]
+
+
+def mamba2_ring_layout(geometry: Mamba2Geometry, window: int, ring_dtype: torch.dtype) -> RingLayout:
+    """The ring tensors of one Mamba-2 slot: ``(name, shape, dtype)``, fp32 ones first.
+
+    The one definition of the ring's layout: ``Mamba2ReplayState`` allocates
+    it, and the vLLM plugin packs it into each slot's cache page.
+    """
+    g, L, f32 = geometry, window, torch.float32
+    return [
+        ("ring_dt", (L, g.heads), f32),
+        ("ring_logdecay", (L, g.heads), f32),
+        ("ring_x", (L, g.heads, g.head_dim), ring_dtype),
+        ("ring_B", (L, g.groups, g.state_size), ring_dtype),
+    ]
+
+
+def gdn_ring_layout(geometry: GDNGeometry, window: int, key_dtype: torch.dtype, read_copy: bool) -> RingLayout:
+    """The ring tensors of one GDN slot: ``(name, shape, dtype)``, fp32 ones first (see ``mamba2_ring_layout``).
+
+    With a read copy the ring also keeps each entry's beta (``ring_beta``), which the exact fold needs.
+    """
+    g, L, f32 = geometry, window, torch.float32
+    layout = [("ring_g", (L, g.value_heads), f32)]
+    if read_copy:
+        layout.append(("ring_beta", (L, g.value_heads), f32))
+    return layout + [("ring_k", (L, g.key_heads, g.key_dim), key_dtype), ("ring_d", (L, g.value_heads, g.value_dim), f32)]
+
+
 class ReplayState:
     """Base class: the tensors and row operations both families share.
 
-    Subclasses name their ring tensors in ``_ring_names`` and implement
-    ``step`` and ``materialize``.
+    Subclasses give their ring's layout (``ring_layout``) and implement
+    ``step``, ``conventional_step`` and ``materialize``. A state either
+    allocates its tensors (the constructor) or wraps tensors owned elsewhere
+    (``from_tensors``: vLLM's cache pages).
     """
 
     _ring_names: tuple[str, ...] = ()
+    _geometry_type: type = object
 
-    def __init__(self, slots: int, config: ReplayConfig | None, device: torch.device | str | None):
+    def _setup(self, geometry, slots: int, config: ReplayConfig | None, device: torch.device | str | None) -> None:
+        name = type(self).__name__
+        if not isinstance(geometry, self._geometry_type):
+            raise TypeError(f"{name}: geometry must be a {self._geometry_type.__name__}, got {type(geometry).__name__}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise ValueError(f"{type(self).__name__}: slots must be a positive int, got {slots!r}")
+            raise ValueError(f"{name}: slots must be a positive int, got {slots!r}")
         self.config = config if config is not None else ReplayConfig()
         if not isinstance(self.config, ReplayConfig):
-            raise TypeError(f"{type(self).__name__}: config must be a ReplayConfig, got {type(config).__name__}")
+            raise TypeError(f"{name}: config must be a ReplayConfig, got {type(config).__name__}")
+        self.geometry = geometry
         self.slots = slots
         self.window = self.config.window
         # "cuda" names the current GPU; tensors on it say "cuda:0" (or its index): compare like with like.
         self.device = torch.empty(0, device=device).device if device is not None else torch.device("cpu")
-        self.cursor = torch.zeros(slots, dtype=torch.int32, device=self.device)
-        self.pending = torch.zeros(slots, dtype=torch.int32, device=self.device)
+
+    def _allocate(self) -> None:
+        """Zeroed tensors for every slot: checkpoint (and read copy), the ring of ``ring_layout``, cursors."""
+        shape = (self.slots,) + self.state_shape
+        read_dtype = self.config.read_dtype
+        self._bind(
+            torch.zeros(shape, dtype=self.config.state_dtype, device=self.device),
+            torch.zeros(shape, dtype=read_dtype, device=self.device) if read_dtype is not None else None,
+            {name: torch.zeros((self.slots,) + ring_shape, dtype=dtype, device=self.device) for name, ring_shape, dtype in self.ring_layout()},
+            torch.zeros(self.slots, dtype=torch.int32, device=self.device),
+            torch.zeros(self.slots, dtype=torch.int32, device=self.device),
+        )
+
+    def _bind(self, checkpoint: Tensor, read_checkpoint: Tensor | None, rings: dict[str, Tensor], cursor: Tensor, pending: Tensor) -> None:
+        self.checkpoint = checkpoint
+        self.read_checkpoint = read_checkpoint
+        self._ring_names = tuple(name for name, _, _ in self.ring_layout())
+        for name in self._ring_names:
+            setattr(self, name, rings[name])
+        self.cursor = cursor
+        self.pending = pending
+
+    @classmethod
+    def from_tensors(
+        cls,
+        geometry,
+        checkpoint: Tensor,
+        rings: dict[str, Tensor],
+        cursor: Tensor,
+        pending: Tensor,
+        config: ReplayConfig | None = None,
+        read_checkpoint: Tensor | None = None,
+        **options,
+    ) -> "ReplayState":
+        """A state over tensors owned elsewhere (e.g. vLLM's cache pages); nothing is copied or zeroed.
+
+        ``checkpoint`` is ``(slots,) + state_shape`` in ``config.state_dtype``;
+        ``rings`` maps every name of ``ring_layout()`` to ``(slots,) + shape``
+        in its dtype (any strides); ``cursor`` and ``pending`` are ``(slots,)``
+        int32. ``options``: the constructor's family options
+        (``activation_dtype`` for Mamba-2). Every tensor is checked before the
+        state is made.
+        """
+        state = cls.__new__(cls)
+        if not isinstance(checkpoint, Tensor):
+            raise TypeError(f"{cls.__name__}.from_tensors: checkpoint must be a Tensor, got {type(checkpoint).__name__}")
+        state._setup(geometry, int(checkpoint.shape[0]), config, checkpoint.device)
+        state._set_options(**options)
+        slots, dev = state.slots, state.device
+        expected = {"checkpoint": ((slots,) + state.state_shape, state.config.state_dtype), "cursor": ((slots,), torch.int32), "pending": ((slots,), torch.int32)}
+        if state.config.read_dtype is not None:
+            expected["read_checkpoint"] = ((slots,) + state.state_shape, state.config.read_dtype)
+        elif read_checkpoint is not None:
+            raise ValueError(f"{cls.__name__}.from_tensors: read_checkpoint given but config.read_dtype is None")
+        expected.update({name: ((slots,) + shape, dtype) for name, shape, dtype in state.ring_layout()})
+        given = dict(rings, checkpoint=checkpoint, read_checkpoint=read_checkpoint, cursor=cursor, pending=pending)
+        unknown = set(rings) - set(expected)
+        if unknown:
+            raise ValueError(f"{cls.__name__}.from_tensors: rings has tensors the layout does not name: {sorted(unknown)}")
+        for name, (shape, dtype) in expected.items():
+            t = given.get(name)
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{cls.__name__}.from_tensors: {name} must be a Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != shape or t.dtype != dtype or t.device != dev:
+                raise ValueError(
+                    f"{cls.__name__}.from_tensors: {name} must be {shape} {dtype} on {dev}, got {tuple(t.shape)} {t.dtype} on {t.device}"
+                )
+        state._bind(checkpoint, read_checkpoint, rings, cursor, pending)
+        return state
+
+    def _set_options(self) -> None:
+        pass
 
     # -- the tensors -----------------------------------------------------------
 
     def _tensor_names(self) -> tuple[str, ...]:
         read = ("read_checkpoint",) if self.read_checkpoint is not None else ()
         return ("checkpoint",) + read + self._ring_names + ("cursor", "pending")
-
-    def _allocate_checkpoint(self, shape: tuple[int, ...]) -> None:
-        """The checkpoint in ``config.state_dtype`` and, with ``config.read_dtype``, its read copy."""
-        self.checkpoint = torch.zeros(shape, dtype=self.config.state_dtype, device=self.device)
-        read_dtype = self.config.read_dtype
-        self.read_checkpoint = torch.zeros(shape, dtype=read_dtype, device=self.device) if read_dtype is not None else None
 
     def _store_checkpoint(self, rows: Tensor, state: Tensor) -> None:
         """Make ``state`` the checkpoint of ``rows``, each copy rounded from it to its own dtype."""
@@ -134,12 +235,25 @@ class ReplayState:
                 raise IndexError(f"{type(self).__name__}: {arg} must index slots in [0, {self.slots}), got {host.tolist()}")
         return rows
 
-    def _check_devices(self, op: str, **tensors: Tensor | None) -> None:
-        # Checked before dispatch: a tensor on another device would route the
-        # call to that device's kernel (or, for meta tensors, past every check).
+    def _check_inputs(self, op: str, optional: tuple[str, ...] = (), **tensors: Tensor | None) -> None:
+        # Checked before dispatch: a non-tensor has no device to dispatch on, and a tensor on another
+        # device would route the call to that device's kernel (or, for meta tensors, past every check).
         for name, t in tensors.items():
-            if isinstance(t, Tensor) and t.device != self.device:
+            if t is None and name in optional:
+                continue
+            if not isinstance(t, Tensor):
+                raise TypeError(f"replayssm.{op}: argument '{name}' must be a Tensor, got {type(t).__name__}")
+            if t.device != self.device:
                 raise ValueError(f"replayssm.{op}: argument '{name}' must be on {self.device} like the state, got {t.device}")
+
+    def _step_rows(self, rows, batch: int) -> Tensor:
+        """A step's rows: ``rows``, or every slot when None (then the batch must be ``slots``)."""
+        if rows is None and batch != self.slots:
+            raise ValueError(
+                f"{type(self).__name__}.step: rows=None means all {self.slots} slots, but the inputs have batch {batch}; "
+                "pass rows (the slot of each batch row)"
+            )
+        return self._rows(rows)
 
     def _check_distinct(self, rows: Tensor, arg: str = "rows") -> None:
         if not ops._checks.values_checkable(rows):
@@ -159,7 +273,13 @@ class ReplayState:
         self.cursor[rows] = 0
         self.pending[rows] = 0
 
-    def load(self, rows: Tensor | list[int] | None, state: Tensor) -> None:
+    def clear_ring(self, rows: Tensor | list[int] | None = None) -> None:
+        """Empty the rings of ``rows`` and keep their checkpoints: for a checkpoint written in place (vLLM's prefill)."""
+        rows = self._rows(rows)
+        self.cursor[rows] = 0
+        self.pending[rows] = 0
+
+    def load(self, state: Tensor, rows: Tensor | list[int] | None = None) -> None:
         """Make ``state`` (e.g. what a prefill produced) the checkpoint of ``rows``; empties their rings.
 
         ``state`` has the layout of ``checkpoint`` with ``len(rows)`` rows; it
@@ -311,7 +431,7 @@ class Mamba2ReplayState(ReplayState):
             keeps x and B in it unless ``config.ring_dtype`` says otherwise.
     """
 
-    _ring_names = ("ring_x", "ring_B", "ring_dt", "ring_logdecay")
+    _geometry_type = Mamba2Geometry
 
     def __init__(
         self,
@@ -321,18 +441,20 @@ class Mamba2ReplayState(ReplayState):
         device: torch.device | str | None = None,
         activation_dtype: torch.dtype = torch.float32,
     ):
-        super().__init__(slots, config, device)
-        if not isinstance(geometry, Mamba2Geometry):
-            raise TypeError(f"Mamba2ReplayState: geometry must be a Mamba2Geometry, got {type(geometry).__name__}")
-        self.geometry = geometry
+        self._setup(geometry, slots, config, device)
+        self._set_options(activation_dtype)
+        self._allocate()
+
+    def _set_options(self, activation_dtype: torch.dtype = torch.float32) -> None:
         self.activation_dtype = activation_dtype
-        g, L, dev = geometry, self.window, self.device
-        ring_dtype = self.config.ring_dtype or activation_dtype
-        self._allocate_checkpoint((slots, g.heads, g.head_dim, g.state_size))
-        self.ring_x = torch.zeros(slots, L, g.heads, g.head_dim, dtype=ring_dtype, device=dev)
-        self.ring_B = torch.zeros(slots, L, g.groups, g.state_size, dtype=ring_dtype, device=dev)
-        self.ring_dt = torch.zeros(slots, L, g.heads, dtype=torch.float32, device=dev)
-        self.ring_logdecay = torch.zeros(slots, L, g.heads, dtype=torch.float32, device=dev)
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        g = self.geometry
+        return (g.heads, g.head_dim, g.state_size)
+
+    def ring_layout(self) -> RingLayout:
+        return mamba2_ring_layout(self.geometry, self.window, self.config.ring_dtype or self.activation_dtype)
 
     def _empty_like(self, slots: int, config: ReplayConfig) -> "Mamba2ReplayState":
         return Mamba2ReplayState(self.geometry, slots, config, self.device, self.activation_dtype)
@@ -353,15 +475,35 @@ class Mamba2ReplayState(ReplayState):
     ) -> Tensor:
         """Decode (``commit=True``) or verify (``commit=False``) T tokens per row; see ``ops.mamba2_step``.
 
-        ``rows`` defaults to ``0 .. batch-1``.
+        ``rows[b]`` is the slot of batch row b; None: every slot, in order. Reads no device value on the
+        host when value checks are off or a CUDA graph is being captured (``ops.set_value_checks``).
         """
-        self._check_devices("mamba2_step", x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, z=z)
-        rows = self._rows(rows if rows is not None else range(x.shape[0]))
+        self._check_inputs("mamba2_step", ("D", "dt_bias", "z"), x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, z=z)
+        rows = self._step_rows(rows, x.shape[0])
         return ops.mamba2_step(
             x, dt, A, B, C, D, dt_bias, z,
             self.checkpoint, self.ring_x, self.ring_B, self.ring_dt, self.ring_logdecay, self.cursor, self.pending,
             rows, commit, dt_softplus, self.read_checkpoint,
         )  # fmt: skip
+
+    def conventional_step(
+        self,
+        x: Tensor,
+        dt: Tensor,
+        A: Tensor,
+        B: Tensor,
+        C: Tensor,
+        D: Tensor | None = None,
+        dt_bias: Tensor | None = None,
+        z: Tensor | None = None,
+        rows: Tensor | list[int] | None = None,
+        dt_softplus: bool = True,
+    ) -> Tensor:
+        """The baseline: the conventional recurrence on the checkpoint, read and written every token
+        (``ops.mamba2_conventional_step``); the ring is not used. For benchmarks and comparisons."""
+        self._check_inputs("mamba2_conventional_step", ("D", "dt_bias", "z"), x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, z=z)
+        rows = self._step_rows(rows, x.shape[0])
+        return ops.mamba2_conventional_step(x, dt, A, B, C, D, dt_bias, z, self.checkpoint, rows, dt_softplus)
 
     def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:
         """Exact committed state ``(n, heads, head_dim, state_size)`` in fp32; writes nothing."""
@@ -385,7 +527,7 @@ class GDNReplayState(ReplayState):
     ``ops.gdn_step``).
     """
 
-    _ring_names = ("ring_k", "ring_d", "ring_g")
+    _geometry_type = GDNGeometry
     ring_beta: Tensor | None = None
 
     def __init__(
@@ -395,19 +537,16 @@ class GDNReplayState(ReplayState):
         config: ReplayConfig | None = None,
         device: torch.device | str | None = None,
     ):
-        super().__init__(slots, config, device)
-        if not isinstance(geometry, GDNGeometry):
-            raise TypeError(f"GDNReplayState: geometry must be a GDNGeometry, got {type(geometry).__name__}")
-        self.geometry = geometry
-        g, L, dev = geometry, self.window, self.device
-        ring_dtype = self.config.ring_dtype or torch.float32
-        self._allocate_checkpoint((slots, g.value_heads, g.value_dim, g.key_dim))
-        self.ring_k = torch.zeros(slots, L, g.key_heads, g.key_dim, dtype=ring_dtype, device=dev)
-        self.ring_d = torch.zeros(slots, L, g.value_heads, g.value_dim, dtype=torch.float32, device=dev)
-        self.ring_g = torch.zeros(slots, L, g.value_heads, dtype=torch.float32, device=dev)
-        if self.read_checkpoint is not None:
-            self.ring_beta = torch.zeros(slots, L, g.value_heads, dtype=torch.float32, device=dev)
-            self._ring_names = self._ring_names + ("ring_beta",)
+        self._setup(geometry, slots, config, device)
+        self._allocate()
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        g = self.geometry
+        return (g.value_heads, g.value_dim, g.key_dim)
+
+    def ring_layout(self) -> RingLayout:
+        return gdn_ring_layout(self.geometry, self.window, self.config.ring_dtype or torch.float32, self.config.read_dtype is not None)
 
     def _empty_like(self, slots: int, config: ReplayConfig) -> "GDNReplayState":
         return GDNReplayState(self.geometry, slots, config, self.device)
@@ -421,17 +560,37 @@ class GDNReplayState(ReplayState):
         beta: Tensor,
         rows: Tensor | list[int] | None = None,
         commit: bool = True,
-        use_qk_l2norm: bool = False,
+        use_qk_l2norm: bool = True,
         scale: float | None = None,
     ) -> Tensor:
-        """Decode (``commit=True``) or verify (``commit=False``) T tokens per row; see ``ops.gdn_step``."""
-        self._check_devices("gdn_step", q=q, k=k, v=v, g=g, beta=beta)
-        rows = self._rows(rows if rows is not None else range(v.shape[0]))
+        """Decode (``commit=True``) or verify (``commit=False``) T tokens per row; see ``ops.gdn_step``.
+
+        ``rows`` as for ``Mamba2ReplayState.step``. ``use_qk_l2norm`` (default True, as every supported
+        model does): q and k are l2-normalised here; pass False only for keys already normalised.
+        """
+        self._check_inputs("gdn_step", q=q, k=k, v=v, g=g, beta=beta)
+        rows = self._step_rows(rows, v.shape[0])
         return ops.gdn_step(
             q, k, v, g, beta,
             self.checkpoint, self.ring_k, self.ring_d, self.ring_g, self.cursor, self.pending,
             rows, commit, use_qk_l2norm, scale, self.read_checkpoint, self.ring_beta,
         )  # fmt: skip
+
+    def conventional_step(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        rows: Tensor | list[int] | None = None,
+        use_qk_l2norm: bool = True,
+        scale: float | None = None,
+    ) -> Tensor:
+        """The baseline on the checkpoint (``ops.gdn_conventional_step``); see ``Mamba2ReplayState.conventional_step``."""
+        self._check_inputs("gdn_conventional_step", q=q, k=k, v=v, g=g, beta=beta)
+        rows = self._step_rows(rows, v.shape[0])
+        return ops.gdn_conventional_step(q, k, v, g, beta, self.checkpoint, rows, use_qk_l2norm, scale)
 
     def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:
         """Exact committed state ``(n, value_heads, value_dim, key_dim)`` in fp32; writes nothing."""
@@ -442,14 +601,14 @@ class GDNReplayState(ReplayState):
 
     def fold(self, count: int | Tensor | list[int], rows: Tensor | list[int] | None = None) -> None:
         """``ReplayState.fold``. With a read copy, every entry of the rows is made exact first
-        (``reference.gdn_settle_ring``): the entries the fold keeps were formed against the copy it
+        (``gdn_reference.gdn_settle_ring``): the entries the fold keeps were formed against the copy it
         replaces. The fold of exact entries is then the plain one."""
         if self.read_checkpoint is not None:
             rows_t = self._rows(rows)
             self._check_distinct(rows_t)
             self._counts(count, rows_t, "count")  # a bad count is refused before anything is written
             used = self.cursor[rows_t].long() + self.pending[rows_t].long()
-            reference.gdn_settle_ring(
+            gdn_reference.gdn_settle_ring(
                 self.checkpoint, self.read_checkpoint, self.ring_k, self.ring_d, self.ring_g, self.ring_beta, rows_t, used
             )
         super().fold(count, rows)

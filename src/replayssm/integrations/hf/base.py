@@ -18,7 +18,7 @@ from transformers.activations import ACT2FN
 
 from ... import ops
 from ...config import ReplayConfig
-from ...ops import reference
+from ...ops.conv import reference as conv_reference
 from ...state import ReplayState
 from .cache import PREFILL_ROLLBACK, ReplayLayerMixin, adopt_cache
 
@@ -154,14 +154,14 @@ class MixerAdapter:
 
         A decode step (one column) moves the window on in place through ``ops.causal_conv_step``: one
         pass over the window where transformers' ``update_conv_state`` and a conv over its result make
-        three (a captured Qwen3.5-like step at batch 256 on the H200, three layers: 40 us against 84,
-        2026-12-01). Otherwise the window is kept (and, while recording, rolled back) by the
+        three (a captured Qwen3.5-like step at batch 256 on the H200, three layers: 40 us against 84).
+        Otherwise the window is kept (and, while recording, rolled back) by the
         transformers layer: ``update_conv_state`` returns the window followed by the new columns.
 
         One-column outputs are computed in fp64 and rounded to the model's dtype at the end on every path
-        (the op and ``reference.causal_conv_columns``): eager and captured steps must round alike, and
+        (the op and ``conv_reference.causal_conv_columns``): eager and captured steps must round alike, and
         inductor, fusing a conv's ops, drops intermediate roundings that eager kernels keep. (Rounding to
-        bf16 before the activation broke the captured == eager token test for Nemotron-H on 2026-12-01,
+        bf16 before the activation broke the captured == eager token test for Nemotron-H,
         and an fp32 activation differed at fp32's few-ulp differences between eager and inductor silu.)
         """
         mixer = self.mixer
@@ -176,7 +176,7 @@ class MixerAdapter:
         if full.shape[-1] < num_tokens + self.conv_kernel - 1:  # a recorded history shorter than the kernel
             full = F.pad(full, (num_tokens + self.conv_kernel - 1 - full.shape[-1], 0))
         if num_tokens == 1 and self.conv_silu is not None:
-            return reference.causal_conv_columns(full[..., -self.conv_kernel :], weight[:, 0, :], bias, self.conv_silu).unsqueeze(1)
+            return conv_reference.causal_conv_columns(full[..., -self.conv_kernel :], weight[:, 0, :], bias, self.conv_silu).unsqueeze(1)
         out = F.conv1d(full.to(weight.dtype), weight, bias, groups=weight.shape[0])[..., -num_tokens:]
         return self.act(out).to(columns.dtype).transpose(1, 2)
 

@@ -38,8 +38,7 @@ from abc import ABC
 import torch
 from torch import Tensor
 
-from ... import ops
-from ...config import MAX_WINDOW
+from ...speculation import UniformSpeculation
 from ...state import ReplayState
 
 try:  # transformers >= 5
@@ -68,23 +67,21 @@ class ReplayLayerMixin(ABC):
     methods reach the transformers implementation through ``_replay_base``.
 
     Attributes added to the layer: ``replay`` (the :class:`ReplayState`, made
-    at the first prefill), ``replay_adapter`` (the mixer adapter that owns the
-    layer) and host bookkeeping: ``_pending`` (tokens of the last
-    verification not yet committed), ``_spec`` (tokens committed since the
-    last crop while recording: the ones a crop may still take back) and
-    ``_cursor`` (a mirror of the device cursor, ``None`` when unknown).
+    at the first prefill), ``speculation`` (its
+    :class:`~replayssm.speculation.UniformSpeculation`: the host bookkeeping
+    of pending and rollable tokens) and ``replay_adapter`` (the mixer adapter
+    that owns the layer).
     """
 
     replay: ReplayState | None
+    speculation: UniformSpeculation | None
     replay_adapter: object
 
     def _replay_init(self, adapter) -> None:
         self.replay = None
+        self.speculation = None
         self.replay_adapter = adapter
         self._replay_rows = None
-        self._pending = 0
-        self._spec = 0
-        self._cursor = 0
         self.rolled_back = 0  # tokens taken back by crops, over the layer's life (for tests and the demo)
         self.seen_tokens = 0  # tokens the state holds (what get_seq_length reports for all-SSM caches)
         self.shrink_after_crop = False  # the ring grew for a prefill's rollable tail: restore the window at the next crop
@@ -109,10 +106,8 @@ class ReplayLayerMixin(ABC):
         slots = state.shape[0]
         if self.replay is None or self.replay.slots != slots or self.replay.device != state.device:
             self._set_state(adapter.new_state(slots, adapter.config, state.device))
-        self.replay.load(None, state)
-        self._pending = 0
-        self._spec = 0
-        self._cursor = 0
+        self.replay.load(state)
+        self.speculation.restart()
         return recurrent_states
 
     @property
@@ -172,11 +167,12 @@ class ReplayLayerMixin(ABC):
         tokens_to_remove = int(tokens_to_remove)  # transformers 5.17's assisted decoding passes a 0-d tensor
         if self.captured:
             n = -tokens_to_remove
-            if not 0 <= n <= self._pending:
-                raise RuntimeError(f"replayssm: captured verification cannot crop({tokens_to_remove}) after {self._pending} tokens")
+            pending = self.speculation.pending
+            if not 0 <= n <= pending:
+                raise RuntimeError(f"replayssm: captured verification cannot crop({tokens_to_remove}) after {pending} tokens")
             self.count_tokens(-n)
             window = self.conv_states[0]
-            window.copy_(torch.cat([window, self._verify_cols[..., : self._pending - n]], dim=-1)[..., -window.shape[-1] :])
+            window.copy_(torch.cat([window, self._verify_cols[..., : pending - n]], dim=-1)[..., -window.shape[-1] :])
             self._rollback(n)
             return
         if not self.is_croppable:
@@ -187,7 +183,7 @@ class ReplayLayerMixin(ABC):
                 f"got crop({tokens_to_remove})"
             )
         if self.replay is not None and self.record_past:
-            self._check_rollback(-tokens_to_remove)  # before anything moves: a refused crop changes nothing
+            self.speculation.check_rollback(-tokens_to_remove, self._rollable_after_prefill())  # a refused crop changes nothing
         self._replay_base.crop(self, tokens_to_remove)  # the conv window (and the attention part of hybrid layers)
         if self.replay is not None:
             self._rollback(-tokens_to_remove)
@@ -197,7 +193,7 @@ class ReplayLayerMixin(ABC):
         self._replay_base.reset(self)
         if self.replay is not None:
             self.replay.reset()
-        self._pending = self._spec = self._cursor = 0
+            self.speculation.restart()
         self.seen_tokens = 0
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -227,7 +223,11 @@ class ReplayLayerMixin(ABC):
             self._set_state(self.replay.select(indices))
 
     def _set_state(self, state: ReplayState) -> None:
+        """Make ``state`` the layer's (a new one, or the speculation's resized ring)."""
         self.replay = state
+        if self.speculation is None:
+            self.speculation = UniformSpeculation(state, on_replace=self._set_state)
+        self.speculation.state = state
         self._replay_rows = torch.arange(state.slots, device=state.device)
         if not torch.compiler.is_compiling():
             # Like transformers' static cache tensors: a captured decode step (CUDA graphs) uses them in place.
@@ -251,95 +251,28 @@ class ReplayLayerMixin(ABC):
         return False if self.captured else self.plan_step(num_tokens)
 
     def plan_step(self, num_tokens: int) -> bool:
-        if self._pending:
-            self._commit_pending(self._pending)
-        if not self.record_past:
-            self._cursor = None
-            return True
-        state = self.replay
-        if self._cursor is None:
-            self._cursor = int(state.cursor[0])
-        need = self._spec + num_tokens
-        if need > state.window:
-            self._grow(need)
-            state = self.replay
-        if self._cursor + num_tokens > state.window and self._cursor > self._spec:
-            self._fold_front(self._cursor - self._spec)
-        if self._cursor + num_tokens > state.window:  # the op folds the (final) committed entries first
-            self._cursor = 0
-        return False
+        return self.speculation.plan(num_tokens, self.record_past)
 
     def end_step(self, num_tokens: int, committed: bool) -> None:
         if not committed and not self.captured:
-            self._pending = num_tokens
+            self.speculation.pending = num_tokens
 
-    def _commit_pending(self, accepted: int) -> None:
-        state = self.replay
-        ops.commit(
-            state.cursor,
-            state.pending,
-            self._replay_rows,
-            torch.full((state.slots,), accepted, dtype=torch.int32, device=state.device),
-        )
-        if self._cursor is not None:
-            self._cursor += accepted
-        if self.record_past:
-            self._spec += accepted
-        self._pending = 0
-
-    def _check_rollback(self, n: int) -> int:
-        """How many committed tokens ``crop(-n)`` takes back; raises if the ring no longer holds them."""
-        back = max(n - self._pending, 0)
-        if back > self._spec:
-            raise RuntimeError(
-                f"replayssm: crop(-{n}) asks to roll back {back} committed tokens, but only {self._spec} were "
-                "added since the previous crop (or since the prefill, which keeps at most "
-                f"{max(PREFILL_ROLLBACK, self.replay.window)} tokens rollable); use a larger ReplayConfig.window"
-            )
-        return back
+    def _rollable_after_prefill(self) -> int:
+        return max(PREFILL_ROLLBACK, self.replay.window)
 
     def _rollback(self, n: int) -> None:
         """Take the last ``n`` tokens back (``crop(-n)``); afterwards nothing is speculative."""
-        pending = self._pending
-        back = self._check_rollback(n)
+        self.speculation.rollback(n, self._rollable_after_prefill())
         self.rolled_back += n
         self.seen_tokens -= n
-        self._commit_pending(pending - min(n, pending))
-        if back:
-            self.replay.rollback(back)
-            if self._cursor is not None:
-                self._cursor -= back
-        self._spec = 0
         if self.shrink_after_crop:
-            self._restore_window()
-
-    def _restore_window(self) -> None:
-        """Back to the configured window: fold every (now final) entry into a state of that window."""
-        self.shrink_after_crop = False
-        configured = self.replay_adapter.config.window
-        if self.replay.window <= configured:
-            return
-        self.replay.fold(self.replay.cursor.clone())
-        self._set_state(self.replay.resized(configured))
-        self._cursor = 0
-
-    def _fold_front(self, m: int) -> None:
-        """Fold the first ``m`` committed ring entries into the checkpoint; the rest move to the front."""
-        self.replay.fold(m)
-        self._cursor -= m
-
-    def _grow(self, window: int) -> None:
-        if window > MAX_WINDOW:
-            raise ValueError(
-                f"replayssm: a speculative run of {window} tokens exceeds the largest ring ({MAX_WINDOW}); "
-                "draft fewer tokens per verification"
-            )
-        self._set_state(self.replay.resized(window))
+            self.shrink_after_crop = False
+            self.speculation.shrink(self.replay_adapter.config.window)
 
     def materialize_hf(self) -> Tensor:
         """The exact committed state in transformers' layout (for the chunked fallback)."""
-        if self._pending:
-            self._commit_pending(self._pending)
+        if self.speculation.pending:
+            self.speculation.commit(self.speculation.pending, rollable=self.record_past)
         return self.replay_adapter.state_to_hf(self.replay.materialize())
 
 

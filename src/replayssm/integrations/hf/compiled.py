@@ -378,8 +378,8 @@ def _generate_wrapper(model, context):
 
 
 #: Whether a patched compiled model's ``generate()`` on CUDA reads its stop decision one step late (below).
-#: On since it ran on an H200 (2026-12-07: its CUDA test in tests/test_hf_cuda.py; Qwen3.5-like at batch 256 through
-#: ``generate()``, 1.86 -> 1.18 ms per step, BENCHMARKS.md). False leaves the choice to transformers (mps only).
+#: On: tested on an H200 (tests/test_hf_cuda.py); Qwen3.5-like at batch 256 through ``generate()``, 1.86 -> 1.18 ms
+#: per step (BENCHMARKS.md). False leaves the choice to transformers (mps only).
 DEFER_STOP_CHECK = True
 #: The device types the deferred check is enabled for (the CPU tests add "cpu", with a stand-in for CUDA events).
 _DEFER_DEVICE_TYPES = ("cuda",)

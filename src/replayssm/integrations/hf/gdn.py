@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ... import ops
 from ...config import ReplayConfig
 from ...state import GDNGeometry, GDNReplayState
 from .base import MixerAdapter, mask_padding
@@ -123,12 +122,8 @@ class GDNAdapter(MixerAdapter):
         k = k.reshape(batch, num_tokens, g.key_heads, g.key_dim)
         v = v.reshape(batch, num_tokens, g.value_heads, g.value_dim)
         if self.conventional:
-            o = ops.gdn_conventional_step(q, k, v, log_decay, beta, state.checkpoint, layer.replay_rows, True, None)
+            o = state.conventional_step(q, k, v, log_decay, beta, rows=layer.replay_rows)
         else:
-            o = ops.gdn_step(
-                q, k, v, log_decay, beta,
-                state.checkpoint, state.ring_k, state.ring_d, state.ring_g, state.cursor, state.pending,
-                layer.replay_rows, commit, True, None, state.read_checkpoint, state.ring_beta,
-            )  # fmt: skip
+            o = state.step(q, k, v, log_decay, beta, rows=layer.replay_rows, commit=commit)
         o = self.norm(o.reshape(-1, g.value_dim), z.reshape(-1, g.value_dim))
         return self.out_proj(o.reshape(batch, num_tokens, -1))

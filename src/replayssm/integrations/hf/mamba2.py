@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ... import ops
 from ...config import ReplayConfig
 from ...state import Mamba2Geometry, Mamba2ReplayState
 from .base import MixerAdapter, mask_padding
@@ -78,14 +77,9 @@ class Mamba2Adapter(MixerAdapter):
         C = C.reshape(batch, num_tokens, g.groups, g.state_size)
         z = gate.reshape(batch, num_tokens, g.heads, g.head_dim) if self.gate_in_recurrence else None
         if self.conventional:
-            y = ops.mamba2_conventional_step(x, dt, A, B, C, m.D, m.dt_bias, z, state.checkpoint, layer.replay_rows, True)
+            y = state.conventional_step(x, dt, A, B, C, m.D, m.dt_bias, z, rows=layer.replay_rows)
         else:
-            y = ops.mamba2_step(
-                x, dt, A, B, C, m.D, m.dt_bias, z,
-                state.checkpoint, state.ring_x, state.ring_B, state.ring_dt, state.ring_logdecay,
-                state.cursor, state.pending,
-                layer.replay_rows, commit, True, state.read_checkpoint,
-            )  # fmt: skip
+            y = state.step(x, dt, A, B, C, m.D, m.dt_bias, z, rows=layer.replay_rows, commit=commit)
         y = y.reshape(batch, num_tokens, -1)
         if not self.gate_in_recurrence:
             y = m.norm(y, gate)

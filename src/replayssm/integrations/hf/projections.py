@@ -3,7 +3,7 @@
 A Qwen3.5 Gated DeltaNet layer projects each token four times (``in_proj_qkv``, ``in_proj_z``,
 ``in_proj_b``, ``in_proj_a``; OLMo-Hybrid six times, Qwen3-Next twice). In a captured decode step
 the two 32-wide products cost about as much as a 2048-wide one, 5 us each per layer at batch 256 on
-the H200 (2026-12-04 profile): launch and tile latency, not bytes. So while a model is patched, the
+the H200 (a profile of the captured step): launch and tile latency, not bytes. So while a model is patched, the
 adapter computes them as one product over the weights stacked row-wise, then splits the result.
 
 No weight memory is duplicated: ``bind`` stacks the weights into one tensor and points each

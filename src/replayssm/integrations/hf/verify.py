@@ -117,7 +117,7 @@ def run_assisted(model, context, original_generate, args, kwargs, length: int):
             context.verifying = False
         context.captured_verifications += run is compiled and context.compile_failure is None  # not a fallback
         for layer in layers:
-            layer._pending = num_tokens  # the padding stays pending: the crop's commit drops it
+            layer.speculation.pending = num_tokens  # the padding stays pending: the crop's commit drops it
         if width > num_tokens:
             for layer in _attention(cache.layers):
                 layer.cumulative_length.sub_(width - num_tokens)

@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ... import ops
+from ... import speculation
 from ...config import MAX_WINDOW, ReplayConfig
+from ...state import GDNGeometry, GDNReplayState, Mamba2Geometry, Mamba2ReplayState, ReplayState, gdn_ring_layout, mamba2_ring_layout
 
 ENABLE_ENV = "REPLAYSSM_VLLM"
 WINDOW_ENV = "REPLAYSSM_VLLM_WINDOW"
@@ -109,30 +110,30 @@ def settings_for(vllm_config, num_spec: int, layer: str) -> Settings:
     return Settings(window=window, num_spec=num_spec)
 
 
-def ring_layout(family: str, shapes, activation_dtype: torch.dtype, window: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    """The ring tensors one state slot adds to vLLM's page: ``(name, shape, dtype)``, fp32 ones first.
+def geometry_from_shapes(family: str, shapes) -> Mamba2Geometry | GDNGeometry:
+    """A layer's geometry from vLLM's ``(conv_state, ssm_state)`` shapes for one slot.
 
-    ``shapes`` are vLLM's ``(conv_state, ssm_state)`` shapes for one slot (as
-    the layer's ``get_state_shape`` or the model class's
+    ``shapes`` as the layer's ``get_state_shape`` or the model class's
     ``get_mamba_state_shape_from_config`` give them, after tensor
-    parallelism); the group / key-head count is recovered from the conv
+    parallelism; the group / key-head count is recovered from the conv
     width (``conv_dim = heads*head_dim + 2*groups*state`` for Mamba-2,
     ``2*key_heads*K + value_heads*V`` for GDN).
     """
     conv_dim = max(shapes[0])  # (dim, W-1+K) or (W-1+K, dim): dim is the larger
-    L, f32 = window, torch.float32
     if family == "mamba2":
         heads, head_dim, state = shapes[1]
-        groups = (conv_dim - heads * head_dim) // (2 * state)
-        return [
-            ("ring_dt", (L, heads), f32),
-            ("ring_logdecay", (L, heads), f32),
-            ("ring_x", (L, heads, head_dim), activation_dtype),
-            ("ring_B", (L, groups, state), activation_dtype),
-        ]
+        return Mamba2Geometry(heads=heads, head_dim=head_dim, state_size=state, groups=(conv_dim - heads * head_dim) // (2 * state))
     value_heads, value_dim, key_dim = shapes[1]
     key_heads = (conv_dim - value_heads * value_dim) // (2 * key_dim)
-    return [("ring_g", (L, value_heads), f32), ("ring_k", (L, key_heads, key_dim), f32), ("ring_d", (L, value_heads, value_dim), f32)]
+    return GDNGeometry(key_heads=key_heads, value_heads=value_heads, key_dim=key_dim, value_dim=value_dim)
+
+
+def ring_layout(family: str, shapes, activation_dtype: torch.dtype, window: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The ring tensors one state slot adds to vLLM's page: the state's own layout (``replayssm.state``)."""
+    geometry = geometry_from_shapes(family, shapes)
+    if family == "mamba2":
+        return mamba2_ring_layout(geometry, window, activation_dtype)
+    return gdn_ring_layout(geometry, window, torch.float32, read_copy=False)
 
 
 class ReplayLayerMixin:
@@ -146,14 +147,14 @@ class ReplayLayerMixin:
     """
 
     replay: Settings
-    replay_ring: dict[str, Tensor]
+    replay_state: ReplayState | None
     _replay_family: str
 
     def _init_replay(self, num_spec: int, prefix: str, family: str) -> None:
         from vllm.config import get_current_vllm_config
 
         self.replay = settings_for(get_current_vllm_config(), num_spec, prefix)
-        self.replay_ring = {}
+        self.replay_state = None
         self._replay_family = family
         count(f"{family}_layers")
 
@@ -176,14 +177,25 @@ class ReplayLayerMixin:
         super().bind_kv_cache(kv_cache)  # slices the page into (conv, ssm, ring...)
         base = tuple(super().get_state_shape())
         names = [name for name, _, _ in self._ring_layout(base)]
-        ring = dict(zip(names, self.kv_cache[len(base) :]))
-        slots, dev = self.kv_cache[1].shape[0], self.kv_cache[1].device
-        ring["cursor"] = torch.zeros(slots, dtype=torch.int32, device=dev)
-        ring["pending"] = torch.zeros(slots, dtype=torch.int32, device=dev)
-        self.replay_ring = ring
+        rings = dict(zip(names, self.kv_cache[len(base) :]))
+        checkpoint = self._checkpoint()
+        slots, dev = checkpoint.shape[0], checkpoint.device
+        cursors = [torch.zeros(slots, dtype=torch.int32, device=dev) for _ in range(2)]
+        config = ReplayConfig(window=self.replay.window, state_dtype=checkpoint.dtype)
+        geometry = geometry_from_shapes(self._replay_family, base)
+        if self._replay_family == "mamba2":
+            self.replay_state = Mamba2ReplayState.from_tensors(
+                geometry, checkpoint, rings, *cursors, config, activation_dtype=self.model_config.dtype
+            )
+        else:
+            self.replay_state = GDNReplayState.from_tensors(geometry, checkpoint, rings, *cursors, config)
         page = self.kv_cache[1].untyped_storage().data_ptr()
-        count("ring_tensors_in_pages", sum(ring[n].untyped_storage().data_ptr() == page for n in names))
-        count("ring_bytes", sum(t.numel() * t.element_size() for t in ring.values()))
+        count("ring_tensors_in_pages", sum(rings[n].untyped_storage().data_ptr() == page for n in names))
+        count("ring_bytes", sum(t.numel() * t.element_size() for t in (*rings.values(), *cursors)))
+
+    def _checkpoint(self) -> Tensor:
+        """vLLM's recurrent-state tensor, which is the replay checkpoint, as ``(slots,) + state_shape``."""
+        return self.kv_cache[1]
 
     def get_kv_cache_spec(self, vllm_config):
         spec = super().get_kv_cache_spec(vllm_config)
@@ -247,7 +259,7 @@ def spec_rows(slots: Tensor, query_start_loc: Tensor, num_tokens: int, T: int, a
 # ---------------------------------------------------------------------------
 
 
-def commit_previous(rows: DecodeRows, cursor: Tensor, pending: Tensor) -> Tensor:
+def commit_previous(rows: DecodeRows, state: ReplayState) -> Tensor:
     """Commit the previous verification of ``rows`` and return each row's conv-window offset.
 
     vLLM's ``num_accepted_tokens`` counts the tokens of the row's previous
@@ -259,9 +271,7 @@ def commit_previous(rows: DecodeRows, cursor: Tensor, pending: Tensor) -> Tensor
     """
     if rows.accepted is None:
         return torch.zeros_like(rows.slots)
-    accepted = torch.minimum(rows.accepted.to(pending.dtype), pending[rows.slots])
-    ops.commit(cursor, pending, rows.slots, accepted)
-    return (accepted.long() - 1).clamp(min=0)
+    return (speculation.commit_verified(state, rows.slots, rows.accepted) - 1).clamp(min=0)
 
 
 def conv_decode(
@@ -279,6 +289,11 @@ def conv_decode(
     speculative decoding); ``weight`` (dim, W). The window for row b is
     ``conv_state[slot, :, offset[b] : offset[b] + W - 1]``; afterwards the
     buffer holds the last S columns of ``[window, x]``.
+
+    Computed as vLLM's own conv rounds (in the weights' dtype), not through
+    ``ops.causal_conv_step`` (fp64, rounded once): with the op the tokens of
+    a tiny fp32 Nemotron-H differ from stock vLLM's (tests/vllm), and the
+    plugin's contract is stock vLLM's tokens.
     """
     n, T, dim = x.shape
     width = weight.shape[-1]
@@ -324,25 +339,17 @@ def replace(metadata, **changes):
     return dataclasses.replace(metadata, **changes)
 
 
-def fold_before_prefill(materialize, checkpoint_rows_setter, slots: Tensor, has_initial: Tensor | None, pending: Tensor) -> None:
+def fold_before_prefill(state: ReplayState, slots: Tensor, has_initial: Tensor | None) -> None:
     """Make vLLM's state tensor hold the exact state of prefill rows that resume from a prior state.
 
     A prefill chunk with an initial state reads vLLM's state tensor, which
     holds the checkpoint; rows whose ring holds committed entries are folded
-    first. A row with an unconfirmed verification cannot be resumed (its
-    accepted count is not known here): that fails loudly.
+    first (``speculation.resume``, which refuses a row with an unconfirmed
+    verification).
     """
     if has_initial is None or slots.numel() == 0:
         return
-    resumed = slots[has_initial.to(torch.bool)]
-    if resumed.numel() == 0:
-        return
-    if bool((pending[resumed] > 0).any()):
-        raise RuntimeError(
-            "replayssm vLLM adapter: a request resumed as a prefill right after an unconfirmed speculative "
-            "verification; its accepted count is unknown here. This scheduling is not supported."
-        )
-    checkpoint_rows_setter(resumed, materialize(resumed))
+    speculation.resume(state, slots[has_initial.to(torch.bool)])
 
 
 def count(key: str, n: int = 1) -> None:

@@ -20,7 +20,6 @@ from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedD
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.platforms import current_platform
 
-from ... import ops
 from . import _common as C
 
 
@@ -76,7 +75,7 @@ class ReplayQwenGatedDeltaNet(C.ReplayLayerMixin, QwenGatedDeltaNetAttention):
     def _forward_core(self, mixed_qkv: Tensor, b: Tensor, a: Tensor, core_attn_out: Tensor):
         table = get_forward_context().attn_metadata
         md = table.get(self.prefix) if isinstance(table, dict) else None
-        if md is None or not self.replay_ring:
+        if md is None or self.replay_state is None:
             return self._stock_core(mixed_qkv, b, a, core_attn_out, md)
         if md.spec_sequence_masks is not None:
             self._spec_step(mixed_qkv, b, a, core_attn_out, md)
@@ -146,8 +145,8 @@ class ReplayQwenGatedDeltaNet(C.ReplayLayerMixin, QwenGatedDeltaNetAttention):
             core_attn_out.index_copy_(0, ns_idx, out)
 
     def _replay(self, mixed_qkv: Tensor, b: Tensor, a: Tensor, rows: C.DecodeRows, commit: bool) -> Tensor:
-        ring = self.replay_ring
-        offset = C.commit_previous(rows, ring["cursor"], ring["pending"])
+        state = self.replay_state
+        offset = C.commit_previous(rows, state)
         conv_state = C.conv_state_dim_last(self.kv_cache[0], is_conv_state_dim_first())
         weight = getattr(self.conv1d, "_cpu_unpacked_conv_weight", None)
         if weight is None:
@@ -159,39 +158,24 @@ class ReplayQwenGatedDeltaNet(C.ReplayLayerMixin, QwenGatedDeltaNetAttention):
         hk, hv = self.num_k_heads // self.tp_size, self.num_v_heads // self.tp_size
         g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
         beta = torch.sigmoid(b.float())
-        o = ops.gdn_step(
+        o = state.step(
             q.reshape(n, T, hk, self.head_k_dim),
             k.reshape(n, T, hk, self.head_k_dim),
             v.reshape(n, T, hv, self.head_v_dim),
             rows.pad(g),
             rows.pad(beta),
-            self._checkpoint(), ring["ring_k"], ring["ring_d"], ring["ring_g"], ring["cursor"], ring["pending"],
-            rows.slots,
-            commit,
-            True,
-            None,
-            None,  # no read copy: the checkpoint is vLLM's own state tensor
-            None,  # (and so no ring of betas)
-        )  # fmt: skip
+            rows=rows.slots,
+            commit=commit,
+        )
         return rows.unpad(o)
 
     def _prefill(self, mixed_qkv, b, a, out, prefill_md) -> None:
-        ring = self.replay_ring
+        state = self.replay_state
         slots = prefill_md.non_spec_state_indices_tensor.long()
-        checkpoint = self._checkpoint()
-
-        def write(rows, state):
-            checkpoint[rows] = state.to(checkpoint.dtype)
-            ring["cursor"][rows] = 0
-
-        def materialize(rows):
-            return ops.gdn_materialize(checkpoint, ring["ring_k"], ring["ring_d"], ring["ring_g"], ring["cursor"], rows)
-
-        C.fold_before_prefill(materialize, write, slots, prefill_md.has_initial_state, ring["pending"])
+        C.fold_before_prefill(state, slots, prefill_md.has_initial_state)
         with C.swapped_metadata(self.prefix, prefill_md):
             self._stock_core(mixed_qkv, b, a, out, prefill_md)
-        ring["cursor"][slots] = 0
-        ring["pending"][slots] = 0
+        state.clear_ring(slots)
         C.count("gdn_prefill_calls")
         C.note_prefill_slots(self.prefix, slots)
 

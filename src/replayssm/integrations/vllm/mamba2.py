@@ -16,7 +16,6 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
-from ... import ops
 from . import _common as C
 
 
@@ -32,7 +31,7 @@ class ReplayMambaMixer2(C.ReplayLayerMixin, MambaMixer2):
     def conv_ssm_forward(self, projected_states: Tensor, output: Tensor):
         metadata_table = get_forward_context().attn_metadata
         md = metadata_table.get(self.prefix) if isinstance(metadata_table, dict) else None
-        if md is None or not self.replay_ring:  # profile run, or no cache bound yet
+        if md is None or self.replay_state is None:  # profile run, or no cache bound yet
             return super().conv_ssm_forward(projected_states, output)
         nd, ndt = md.num_decodes, md.num_decode_tokens
         npf, npt = md.num_prefills, md.num_prefill_tokens
@@ -42,32 +41,21 @@ class ReplayMambaMixer2(C.ReplayLayerMixin, MambaMixer2):
             self._stock_prefill(projected_states[ndt : ndt + npt], output[ndt : ndt + npt], md)
 
     def _stock_prefill(self, projected_states: Tensor, output: Tensor, md) -> None:
-        ring = self.replay_ring
+        state = self.replay_state
         slots = md.state_indices_tensor_p.long()
-        ssm = self.kv_cache[1]
-
-        def write(rows, state):
-            ssm[rows] = state.to(ssm.dtype)
-            ring["cursor"][rows] = 0
-
-        C.fold_before_prefill(self._materialize, write, slots, md.has_initial_states_p, ring["pending"])
+        C.fold_before_prefill(state, slots, md.has_initial_states_p)
         prefill_only = C.replace(
             md, num_decodes=0, num_decode_tokens=0, state_indices_tensor_d=None, query_start_loc_d=None, num_accepted_tokens=None
         )
         with C.swapped_metadata(self.prefix, prefill_only):
             super().conv_ssm_forward(projected_states, output)
         # vLLM wrote the prefill's final state into its state tensor: that is the new checkpoint.
-        ring["cursor"][slots] = 0
-        ring["pending"][slots] = 0
+        state.clear_ring(slots)
         C.count("mamba2_prefill_calls")
         C.note_prefill_slots(self.prefix, slots)
 
-    def _materialize(self, rows: Tensor) -> Tensor:
-        r = self.replay_ring
-        return ops.mamba2_materialize(self.kv_cache[1], r["ring_x"], r["ring_B"], r["ring_dt"], r["ring_logdecay"], r["cursor"], rows)
-
     def _replay_decode(self, projected_states: Tensor, output: Tensor, md) -> None:
-        ring = self.replay_ring
+        state = self.replay_state
         nd, ndt = md.num_decodes, md.num_decode_tokens
         slots = md.state_indices_tensor_d[:nd, 0]
         spec = self.replay.num_spec > 0
@@ -75,7 +63,7 @@ class ReplayMambaMixer2(C.ReplayLayerMixin, MambaMixer2):
             rows = C.spec_rows(slots, md.query_start_loc_d, ndt, self.replay.tokens_per_step, md.num_accepted_tokens)
         else:
             rows = C.DecodeRows(slots=slots.long(), T=1, token_index=None, accepted=None)
-        offset = C.commit_previous(rows, ring["cursor"], ring["pending"])
+        offset = C.commit_previous(rows, state)
 
         hidden_BC, dt = torch.split(
             projected_states[..., self.tped_intermediate_size :], [self.tped_conv_size, self.tped_dt_size], dim=-1
@@ -87,7 +75,7 @@ class ReplayMambaMixer2(C.ReplayLayerMixin, MambaMixer2):
         x, B, Cm = self.split_hidden_states_B_C_fn(xBC)
         n, T = rows.n, rows.T
         heads, groups = self.tped_dt_size, self.n_groups // self.tp_size
-        y = ops.mamba2_step(
+        y = state.step(
             x.reshape(n, T, heads, self.head_dim),
             rows.pad(dt),
             self.A.float(),
@@ -95,13 +83,8 @@ class ReplayMambaMixer2(C.ReplayLayerMixin, MambaMixer2):
             Cm.reshape(n, T, groups, -1),
             self.D,
             self.dt_bias,
-            None,
-            self.kv_cache[1],
-            ring["ring_x"], ring["ring_B"], ring["ring_dt"], ring["ring_logdecay"], ring["cursor"], ring["pending"],
-            rows.slots,
-            not spec,
-            True,
-            None,  # no read copy: the checkpoint is vLLM's own state tensor
-        )  # fmt: skip
+            rows=rows.slots,
+            commit=not spec,
+        )
         output.copy_(rows.unpad(y).reshape(ndt, -1).to(output.dtype))
         C.count("mamba2_verify_calls" if spec else "mamba2_decode_calls")
