@@ -21,10 +21,9 @@ import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ... import speculation
+from ... import ops, speculation
 from ...config import MAX_WINDOW, ReplayConfig
 from ...state import GDNGeometry, GDNReplayState, Mamba2Geometry, Mamba2ReplayState, ReplayState, gdn_ring_layout, mamba2_ring_layout
 
@@ -283,32 +282,26 @@ def conv_decode(
     rows: DecodeRows,
     offset: Tensor,
 ) -> Tensor:
-    """Depthwise causal conv of the decode tokens; updates the rows' conv buffers.
+    """Depthwise causal conv of the decode tokens, through ``ops.causal_conv_step``; updates the rows' conv buffers.
 
     ``x`` (n, T, dim); ``conv_state`` (slots, dim, S) with S = W - 1 (+ K with
     speculative decoding); ``weight`` (dim, W). The window for row b is
-    ``conv_state[slot, :, offset[b] : offset[b] + W - 1]``; afterwards the
-    buffer holds the last S columns of ``[window, x]``.
-
-    Computed as vLLM's own conv rounds (in the weights' dtype), not through
-    ``ops.causal_conv_step`` (fp64, rounded once): with the op the tokens of
-    a tiny fp32 Nemotron-H differ from stock vLLM's (tests/vllm), and the
-    plugin's contract is stock vLLM's tokens.
+    ``conv_state[slot, :, offset[b] : offset[b] + W - 1]``; each token moves a copy of it on by one
+    column. Afterwards the buffer holds the last S columns of ``[window, x]``, so that the next
+    verification can start after any accepted token.
     """
     n, T, dim = x.shape
     width = weight.shape[-1]
     S = conv_state.shape[-1]
     buf = conv_state.index_select(0, rows.slots)  # (n, dim, S)
     cols = offset.view(n, 1, 1) + torch.arange(width - 1, device=x.device).view(1, 1, -1)
-    window = buf.gather(2, cols.expand(n, dim, width - 1))
-    full = torch.cat([window, x.transpose(1, 2).to(buf.dtype)], dim=-1)  # (n, dim, W-1+T)
-    out = F.conv1d(full.reshape(1, n * dim, -1).to(weight.dtype), weight.repeat(n, 1).unsqueeze(1),
-                   None if bias is None else bias.repeat(n), groups=n * dim)  # fmt: skip
-    out = out.view(n, dim, T)
-    if activation in ("silu", "swish"):
-        out = F.silu(out)
-    conv_state.index_copy_(0, rows.slots, full[..., -S:].to(conv_state.dtype))
-    return out.transpose(1, 2).to(x.dtype)
+    start = buf.gather(2, cols.expand(n, dim, width - 1))
+    window = start.to(x.dtype, copy=True)  # the op moves it on in place; ``start`` stays for the buffer
+    silu = activation in ("silu", "swish")
+    out = torch.stack([ops.causal_conv_step(x[:, t], weight, bias, window, silu) for t in range(T)], dim=1)
+    full = torch.cat([start, x.transpose(1, 2).to(buf.dtype)], dim=-1)  # (n, dim, W-1+T)
+    conv_state.index_copy_(0, rows.slots, full[..., -S:])
+    return out
 
 
 def conv_state_dim_last(conv: Tensor, dim_first: bool) -> Tensor:
