@@ -165,16 +165,17 @@ class Point:
             st.ring_logdecay.copy_(-st.ring_dt * 2)
         else:
             self.state = st = replayssm.GDNReplayState(g, batch, config, device)
+            # The fused gates, as the integrations call the ops: raw a and b (bf16) with A_log and dt_bias (fp32),
+            # g = -exp(A_log) softplus(a + dt_bias) mostly in -0.6..-0.05 per token.
+            self.A_log = (self.rand(g.value_heads) + 1).log()
+            self.dt_bias = self.randn(g.value_heads) * 0.5 - 2.0
             self.inputs = [
-                (
-                    self.randn(batch, 1, g.key_heads, g.key_dim).to(ACT),
-                    self.randn(batch, 1, g.key_heads, g.key_dim).to(ACT),
-                    self.randn(batch, 1, g.value_heads, g.value_dim).to(ACT),
-                    (-self.rand(batch, 1, g.value_heads) * 0.3).to(ACT),
-                    (self.rand(batch, 1, g.value_heads) * 0.9 + 0.05).to(ACT),
-                )
+                tuple(self.randn(*shape).to(ACT) for shape in (
+                    (batch, 1, g.key_heads, g.key_dim), (batch, 1, g.key_heads, g.key_dim), (batch, 1, g.value_heads, g.value_dim),
+                    (batch, 1, g.value_heads), (batch, 1, g.value_heads),
+                ))  # q, k, v, a, b
                 for _ in range(window)
-            ]
+            ]  # fmt: skip
             st.ring_k.copy_(torch.nn.functional.normalize(self.randn(*st.ring_k.shape), dim=-1))
             st.ring_d.copy_(self.randn(*st.ring_d.shape) * 0.1)
             st.ring_g.copy_(-self.rand(*st.ring_g.shape) * 0.3)
@@ -203,7 +204,7 @@ class Point:
         if self.mamba2:
             x, dt, B, C, z = inp
             return fn(x, dt, self.A, B, C, self.D, self.dt_bias, z, *args, self.rows, commit, True, read)
-        return fn(*inp, *args, self.rows, commit, True, None, read, ring_beta)
+        return fn(*inp, *args, self.rows, commit, True, None, read, ring_beta, self.A_log, self.dt_bias)
 
     def replay_step(self, inp, commit: bool = True):
         """One replay step on ``inp`` (T tokens per row) through the launch tables; returns its output."""
@@ -252,7 +253,7 @@ class Point:
         if self.mamba2:
             x, dt, B, C, z = inp
             return fn(x, dt, self.A, B, C, self.D, self.dt_bias, z, state, self.rows, True)
-        return fn(*inp, state, self.rows, True, None)
+        return fn(*inp, state, self.rows, True, None, self.A_log, self.dt_bias)
 
     def check_conventional(self) -> dict:
         """Relative errors of one conventional step against the reference; the state is restored in place."""
@@ -269,13 +270,15 @@ class Point:
         return [lambda inp=inp: self.conventional_step(inp, self.conventional_state) for inp in self.inputs]
 
     def fla_steps(self, fla_fn):
-        """fla's fused recurrent kernel, one token, state read from and written to (N, HV, V, K) fp32."""
+        """fla's fused recurrent kernel, one token, state read from and written to (N, HV, V, K) fp32; it takes
+        the gates formed (here, outside the timed step)."""
         s = self.conventional_state
-        return [
-            lambda q=q, k=k, v=v, g=g, beta=beta: fla_fn(q=q, k=k, v=v, g=g, beta=beta, initial_state=s, output_final_state=True,
-                                                         use_qk_l2norm_in_kernel=True, state_v_first=True)
-            for q, k, v, g, beta in self.inputs
-        ]  # fmt: skip
+        steps = []
+        for q, k, v, a, b in self.inputs:
+            g, beta = gdn_reference.gates(a, b, self.A_log, self.dt_bias, torch.float32)
+            steps.append(lambda q=q, k=k, v=v, g=g, beta=beta: fla_fn(q=q, k=k, v=v, g=g, beta=beta, initial_state=s, output_final_state=True,
+                                                                      use_qk_l2norm_in_kernel=True, state_v_first=True))
+        return steps  # fmt: skip
 
     def traffic(self):
         return decode_traffic(self.geometry, self.batch, self.window, torch.float32, ACT, read_dtype=self.read_dtype)
@@ -326,7 +329,8 @@ class SpecPoint:
                 steps.append(lambda x=x, dt=dt, B=B, C=C, z=z, y=out: mamba2_conventional_step_out(
                     x, dt, b.A, B, C, b.D, b.dt_bias, z, s, b.rows, True, y=y, snapshots=snaps))
             else:
-                steps.append(lambda inp=inp, o=out: gdn_conventional_step_out(*inp, s, b.rows, True, None, o=o, snapshots=snaps))
+                steps.append(lambda inp=inp, o=out: gdn_conventional_step_out(
+                    *inp, s, b.rows, True, None, o=o, snapshots=snaps, A_log=b.A_log, dt_bias=b.dt_bias))
         return steps  # fmt: skip
 
 
@@ -418,14 +422,14 @@ def _described(entry):
     return entry.as_dict() if hasattr(entry, "as_dict") else entry
 
 
-def run_sweeps(kind: str, geometries: dict, bench: Bench, read_dtype=None) -> tuple[list[dict], dict]:
+def run_sweeps(kind: str, geometries: dict, bench: Bench, read_dtype=None, only: list[str] | None = None) -> tuple[list[dict], dict]:
     """Time each table's candidates (batch 256; decode: window 16, rows staggered, and in phase for the record;
     spec: 2 of T accepted), one geometry per table key, one table after another; each table keeps its
     fastest (by the staggered time) for the rest of the case. Returns the rows and {table: {key: entry}}."""
     rows, chosen, seen = [], {}, set()
     for name, geometry in geometries.items():
         for s in sweep_tables(geometry, kind, read_dtype is not None):
-            if (s.name, s.key, s.read) in seen:
+            if (s.name, s.key, s.read) in seen or (only and s.name not in only):
                 continue
             seen.add((s.name, s.key, s.read))
             timings = []
@@ -566,7 +570,7 @@ def run_decode(args, bench: Bench, geometries: dict) -> dict:
     batch0, window0 = bench.batch, bench.window
     result = {"fla": fla}
     if args.sweep:
-        result["sweep"], result["chosen"] = run_sweeps("decode", geometries, bench, read_dtype)
+        result["sweep"], result["chosen"] = run_sweeps("decode", geometries, bench, read_dtype, args.sweep_tables)
     headline = []
     for name, geometry in geometries.items():
         headline.append(decode_point(name, geometry, batch0, window0, bench, fla_fn, True, args.breakdown, read_dtype))
@@ -720,7 +724,7 @@ def run_spec(args, bench: Bench, geometries: dict) -> dict:
     batch0, steps = bench.batch, 2 if bench.dry else args.steps
     result = {"window": bench.window}
     if args.sweep:
-        result["sweep"], result["chosen"] = run_sweeps("spec", geometries, bench)
+        result["sweep"], result["chosen"] = run_sweeps("spec", geometries, bench, only=args.sweep_tables)
     headline, sweep = [], []
     for name, geometry in geometries.items():
         for accept in args.accept:
@@ -935,6 +939,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, help="graph replays timed per point, the median kept (default: decode 15, spec 10, conv 15)")
     ap.add_argument("--headline-only", action="store_true", help="decode / spec: only the batch-256 headline")
     ap.add_argument("--sweep", action="store_true", help="decode / spec: time the launch tables' candidates first and use the fastest")
+    ap.add_argument("--sweep-tables", nargs="*", default=None, help="with --sweep: only these tables (e.g. gdn.DECODE gdn.VERIFY)")
     ap.add_argument("--breakdown", action="store_true", help="headline rows: kernel time per step by kernel (profiler)")
     ap.add_argument("--json", type=Path, help="write every case's results (and the run's metadata) here")
     ap.add_argument("--plots", type=Path, help="folder for decode.png / spec.png (matplotlib)")

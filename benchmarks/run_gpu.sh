@@ -4,14 +4,15 @@
 # Table parts, one per table group of BENCHMARKS.md: decode, decode-sweeps, spec, spec-sweeps, spec-read (the
 # kernel benchmarks), hf (issue 7's bars and batches 1-256), hf-generate (through model.generate()), hf-parts
 # (the captured step's parts); all-tables: all of them with fewer repeats, most important first (about 8
-# minutes); quality, quality-read: QUALITY.md's GPU tables. Test parts: gdn-tests, mamba2-tests, hf-tests, other-tests.
+# minutes); fork: the side-by-side with the authors' vLLM fork (benchmarks/fork_side_by_side.py); quality,
+# quality-read: QUALITY.md's GPU tables. Test parts: gdn-tests, mamba2-tests, hf-tests, other-tests.
 # Run from the repository root with PYTHONPATH=src. Each step has its own time limit, so one that hangs or
 # overruns leaves the later ones their turn; its output goes to OUT/<step>.log (the kernel benchmarks log each
 # row as measured) and OUT/<step>/. With PACK=FILE.tgz the folder is tarred after every step, so a call cut off
 # by its limit still returns what finished. OUT/gpu.txt names the GPU and versions. fla's GDN kernel (the
 # decode benchmark's second baseline) is optional: pip-install fla-core without deps into a folder on PYTHONPATH.
 set -u
-parts="decode, decode-sweeps, spec, spec-sweeps, spec-read, hf, hf-generate, hf-parts, all-tables, quality, quality-read, gdn-tests, mamba2-tests, hf-tests, other-tests or all-tests"
+parts="decode, decode-sweeps, spec, spec-sweeps, spec-read, hf, hf-generate, hf-parts, all-tables, fork, quality, quality-read, gdn-tests, mamba2-tests, hf-tests, other-tests or all-tests"
 part=${1:?part: $parts}
 out=${2:?output folder}
 mkdir -p "$out" && export PYTHONUNBUFFERED=1
@@ -63,6 +64,9 @@ all-tables)  # the limits add up to 500 s; the sweeps come last and may be cut (
     hf_parts 30 2
     decode_sweeps 35 1 --geometries $mamba2
     spec_sweeps 35 1 --accept half
+    ;;
+fork)  # BENCHMARKS.md's side-by-side with the authors' vLLM fork (the harness copied to .anchors and carried)
+    step side-by-side 300 python3 benchmarks/fork_side_by_side.py --only qwen4b,qwen122b --json "$out/side_by_side.json"
     ;;
 quality | quality-read)  # QUALITY.md: the state dtypes; the read copy
     configs="reference replay-fp32 replay-fp16 replay-bf16 conventional-fp32 conventional-fp16 conventional-bf16"

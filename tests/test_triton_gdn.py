@@ -61,7 +61,7 @@ def _gen():
 
 
 # How a T = 1 step runs: the single replay kernel, or verification's three launches.
-LAUNCH_FORMS = [pytest.param(1, id="single-kernel"), pytest.param(3, id="three-launches")]
+LAUNCH_FORMS = [pytest.param(dict(decode_launches=1), id="single-kernel"), pytest.param(dict(decode_launches=3), id="three-launches")]
 
 
 def _mixed(cursor, num_tokens, window):
@@ -90,7 +90,7 @@ def test_replay_step_matches_reference(dims, act_dtype, ckpt_dtype, l2norm, tol_
         mixed += _mixed(ours[4][rows], 1, window)
         o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, True, l2norm, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, l2norm, None, o=o, decode_launches=launches)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, True, l2norm, None, o=o, **launches)
         assert rel_err(o, o_ref) < tol_out
         assert rel_err(ours[0], theirs[0]) < tol_ckpt
         for name, a, b in zip(("ring_k", "ring_d", "ring_g"), ours[1:4], theirs[1:4]):
@@ -112,7 +112,7 @@ def test_replay_step_uncommitted_and_scale(launches, device):
         q, k, v, g, beta = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen)
         o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, 0.3)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, 0.3, o=o, decode_launches=launches)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, 0.3, o=o, **launches)
         assert rel_err(o, o_ref) < 1e-5
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])
         accepted = torch.tensor([step % 2, 1], device=device)
@@ -169,7 +169,7 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, device):
         flushing = (state[4] == window).cpu()
         o = torch.full_like(v, float("nan")).to(device)
         kernels.gdn_step_out(
-            *(t.to(device) for t in (q, k, v, g, beta)), *state, rows, True, True, None, o=o, decode_launches=launches
+            *(t.to(device) for t in (q, k, v, g, beta)), *state, rows, True, True, None, o=o, **launches
         )
         for r in range(batch):
             o_r, naive.state[r] = naive.token(r, q[r, 0], k[r, 0], v[r, 0], g[r, 0], beta[r, 0], l2norm=True)
@@ -182,15 +182,16 @@ def test_replay_checkpoint_tracks_float64_recurrence(launches, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "config, flush_config",
+    "launch",
     [
-        pytest.param(None, None, id="tables"),
+        pytest.param({}, id="tables"),
         pytest.param(
-            LaunchConfig(16, 1, 1, num_stages=2, form="mma"), LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=1), id="mma-worklist-fold"
+            dict(config=LaunchConfig(16, 1, 1, num_stages=2, form="mma"), flush_config=LaunchConfig(16, 1, 4, form="worklist", programs_per_sm=1)),
+            id="mma-worklist-fold",
         ),
     ],
 )
-def test_verify_commit_tracks_float64_recurrence(config, flush_config, device):
+def test_verify_commit_tracks_float64_recurrence(launch, device):
     """T = 2..4 tokens per launch, two value heads per key head, each row with its own number of real
     drafts (1..T; the rest is padding, never accepted), random accepted counts: outputs and
     materialize() vs the float64 recurrence over accepted tokens only; ring, checkpoint and cursors vs
@@ -213,7 +214,7 @@ def test_verify_commit_tracks_float64_recurrence(config, flush_config, device):
         mixed += _mixed(ours[4][rows], T, window)
         o_ref = gdn_ref.gdn_step(q, k, v, g, beta, *theirs, rows, False, True, None)
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, config=config, flush_config=flush_config)
+        kernels.gdn_step_out(q, k, v, g, beta, *ours, rows, False, True, None, o=o, **launch)
         assert rel_err(o, o_ref) < 1e-5
         assert torch.equal(ours[4], theirs[4]) and torch.equal(ours[5], theirs[5])  # T entries pending
         drafts = torch.randint(1, T + 1, (batch,), generator=gen)  # real tokens per row; padding beyond
@@ -445,6 +446,107 @@ def test_snapshot_baseline_writes_every_state(device):
         assert rel_err(snapshots[:, t], walk) < 1e-5
 
 
+# The fused gates (ops.gdn_step(A_log=, dt_bias=)): every kernel that reads g or beta forms them from the raw a
+# and b. Forms: (id, T, launch options, read copy).
+FUSED_GATE_FORMS = [
+    pytest.param(1, dict(decode_launches=1), None, id="single-kernel"),
+    pytest.param(1, dict(decode_launches=3), None, id="three-launches"),
+    pytest.param(2, {}, None, id="verify"),
+    pytest.param(3, dict(config=LaunchConfig(16, 1, 1, form="mma"), weights_config=LaunchConfig(1, 1, 1, form="dot")), None, id="verify-mma-dot"),
+    pytest.param(1, {}, torch.bfloat16, id="read-copy-decode"),
+    pytest.param(2, {}, torch.bfloat16, id="read-copy-verify"),
+]
+
+
+def _raw_gate_inputs(batch, num_tokens, value_heads, gen, dtype=torch.bfloat16):
+    """The model's raw a and b in its activation dtype, a spread over both sides of softplus' threshold (20)."""
+    a = torch.randn(batch, num_tokens, value_heads, generator=gen) * 2
+    a[0, 0, 0], a[-1, -1, -1] = 24.0, -30.0
+    b = torch.randn(batch, num_tokens, value_heads, generator=gen) * 1.5
+    return a.to(dtype), b.to(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_tokens, launch, read_dtype", FUSED_GATE_FORMS)
+def test_fused_gates_match_reference(num_tokens, launch, read_dtype, device):
+    """Raw a, b (bf16) with A_log and dt_bias through the kernels and through the reference, which forms the
+    gates as the models do (``test_fused_gates_are_the_models_gates``): outputs and every state tensor after
+    each step, over rows that fold and rows that do not."""
+    from replayssm import GDNGeometry, GDNReplayState, ReplayConfig
+
+    geometry, window, slots = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=16), 4, 4
+    gen = _gen()
+    config = ReplayConfig(window=window, read_dtype=read_dtype)
+    ours, theirs = GDNReplayState(geometry, slots, config, device=device), GDNReplayState(geometry, slots, config)
+    ours.load(torch.randn(slots, 2, 16, 16, generator=gen) * 0.3)
+    ours.cursor.copy_(torch.arange(slots, dtype=torch.int32) % (window + 1))
+    for name, t in ours.tensors().items():
+        getattr(theirs, name).copy_(t.cpu())
+    A_log, dt_bias = torch.randn(2, generator=gen) * 0.5, torch.randn(2, generator=gen)
+    rows = torch.tensor([2, 3, 0])
+    folds = 0
+    for step in range(3 * window):
+        q, k, v, _, _ = _inputs(3, 1, 2, 16, 16, torch.float32, "cpu", gen, num_tokens=num_tokens)
+        a, b = _raw_gate_inputs(3, num_tokens, 2, gen)
+        folds += int((theirs.cursor[rows] + num_tokens > window).sum())
+        commit = num_tokens == 1
+        o_ref = theirs.step(q, k, v, a, b, rows, commit, A_log=A_log, dt_bias=dt_bias)
+        o = torch.full_like(v, float("nan"), device=device)
+        args = [t.to(device) for t in (q, k, v, a, b)]
+        state = [ours.checkpoint, ours.ring_k, ours.ring_d, ours.ring_g, ours.cursor, ours.pending]
+        kernels.gdn_step_out(
+            *args, *state, rows.to(device), commit, True, None, o=o, read_checkpoint=ours.read_checkpoint, ring_beta=ours.ring_beta,
+            A_log=A_log.to(device), dt_bias=dt_bias.to(device), **launch,
+        )  # fmt: skip
+        # With a copy, a row that folds reads the copy each side rounded from its own fp32 fold: a few entries
+        # land on neighbouring bf16 values: test_read_copy.py's bounds.
+        tol, checkpoint_tol = (1e-5, 1e-5) if read_dtype is None else (1e-4, 5e-6)
+        assert rel_err(o.cpu(), o_ref) < tol
+        if not commit:
+            accepted = torch.tensor([num_tokens, 1, 0])
+            ours.commit(accepted.to(device), rows.to(device))
+            theirs.commit(accepted, rows)
+        if read_dtype is not None:  # two fp32 folds may round to neighbouring copy values: compare from the same copy
+            theirs.read_checkpoint.copy_(ours.read_checkpoint.cpu())
+        for name, t in ours.tensors().items():
+            if t.is_floating_point():
+                assert rel_err(t.cpu(), getattr(theirs, name)) < (checkpoint_tol if name == "checkpoint" else tol), name
+            else:
+                assert torch.equal(t.cpu(), getattr(theirs, name)), name
+    assert folds >= 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conventional_fused_gates_match_reference(device):
+    batch, key_heads, value_heads, key_dim, value_dim, num_tokens = 3, 1, 2, 16, 16, 2
+    gen = _gen()
+    rows = torch.tensor([2, 0, 1], device=device)
+    state = (torch.randn(batch, value_heads, value_dim, key_dim, generator=gen) * 0.3).to(device)
+    theirs = state.clone()
+    A_log, dt_bias = (torch.randn(value_heads, generator=gen).to(device) for _ in range(2))
+    for _ in range(2):
+        q, k, v, _, _ = _inputs(batch, key_heads, value_heads, key_dim, value_dim, torch.float32, device, gen, num_tokens=num_tokens)
+        a, b = (t.to(device) for t in _raw_gate_inputs(batch, num_tokens, value_heads, gen))
+        o_ref = gdn_ref.gdn_conventional_step(q, k, v, a, b, theirs, rows, True, None, A_log, dt_bias)
+        o = torch.full_like(v, float("nan"))
+        conventional.gdn_conventional_step_out(q, k, v, a, b, state, rows, True, None, o=o, A_log=A_log, dt_bias=dt_bias)
+        assert rel_err(o, o_ref) < 1e-5
+        assert rel_err(state, theirs) < 1e-5
+
+
+@pytest.mark.parametrize("b_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fused_gates_are_the_models_gates(b_dtype):
+    """The reference's fused gates equal what the models compute before the op: Hugging Face's
+    ``-A_log.float().exp() * softplus(a.float() + dt_bias)`` and ``b.sigmoid()`` (beta in b's dtype)."""
+    gen = _gen()
+    a, b = _raw_gate_inputs(4, 3, 5, gen, b_dtype)
+    A_log, dt_bias = torch.randn(5, generator=gen), torch.randn(5, generator=gen)
+    g, beta = gdn_ref.gates(a, b, A_log, dt_bias, torch.float32)
+    assert torch.equal(g, -A_log.float().exp() * F.softplus(a.float() + dt_bias))
+    assert torch.equal(beta, b.sigmoid().float())
+    assert torch.equal(gdn_ref.gates(a, b, None, None, torch.float32)[1], b.float())  # precomputed: as given
+
+
 # ---------------------------------------------------------------------------
 # GPU only
 # ---------------------------------------------------------------------------
@@ -470,7 +572,7 @@ def test_long_run_tracks_float64_recurrence(launches):
         before = exact.clone()
         flushing = state[4] == window
         o = torch.full_like(v, float("nan"))
-        kernels.gdn_step_out(q, k, v, g, beta, *state, rows, True, True, None, o=o, decode_launches=launches)
+        kernels.gdn_step_out(q, k, v, g, beta, *state, rows, True, True, None, o=o, **launches)
         kn = k[:, 0].double() * torch.rsqrt((k[:, 0].double() ** 2).sum(-1, keepdim=True) + 1e-6)
         kh = kn.repeat_interleave(rep, dim=1)  # (batch, value_heads, K)
         prev = torch.exp(g[:, 0].double())[..., None, None] * exact

@@ -562,18 +562,22 @@ class GDNReplayState(ReplayState):
         commit: bool = True,
         use_qk_l2norm: bool = True,
         scale: float | None = None,
+        A_log: Tensor | None = None,
+        dt_bias: Tensor | None = None,
     ) -> Tensor:
         """Decode (``commit=True``) or verify (``commit=False``) T tokens per row; see ``ops.gdn_step``.
 
         ``rows`` as for ``Mamba2ReplayState.step``. ``use_qk_l2norm`` (default True, as every supported
         model does): q and k are l2-normalised here; pass False only for keys already normalised.
+        ``A_log``, ``dt_bias`` (the fused gates): ``g`` and ``beta`` are then the model's raw a and b, and
+        the kernels form the gates (``ops.gdn_step``), as the integrations call it.
         """
-        self._check_inputs("gdn_step", q=q, k=k, v=v, g=g, beta=beta)
+        self._check_inputs("gdn_step", ("A_log", "dt_bias"), q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
         rows = self._step_rows(rows, v.shape[0])
         return ops.gdn_step(
             q, k, v, g, beta,
             self.checkpoint, self.ring_k, self.ring_d, self.ring_g, self.cursor, self.pending,
-            rows, commit, use_qk_l2norm, scale, self.read_checkpoint, self.ring_beta,
+            rows, commit, use_qk_l2norm, scale, self.read_checkpoint, self.ring_beta, A_log, dt_bias,
         )  # fmt: skip
 
     def conventional_step(
@@ -586,11 +590,14 @@ class GDNReplayState(ReplayState):
         rows: Tensor | list[int] | None = None,
         use_qk_l2norm: bool = True,
         scale: float | None = None,
+        A_log: Tensor | None = None,
+        dt_bias: Tensor | None = None,
     ) -> Tensor:
-        """The baseline on the checkpoint (``ops.gdn_conventional_step``); see ``Mamba2ReplayState.conventional_step``."""
-        self._check_inputs("gdn_conventional_step", q=q, k=k, v=v, g=g, beta=beta)
+        """The baseline on the checkpoint (``ops.gdn_conventional_step``, the fused gates too); see
+        ``Mamba2ReplayState.conventional_step``."""
+        self._check_inputs("gdn_conventional_step", ("A_log", "dt_bias"), q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
         rows = self._step_rows(rows, v.shape[0])
-        return ops.gdn_conventional_step(q, k, v, g, beta, self.checkpoint, rows, use_qk_l2norm, scale)
+        return ops.gdn_conventional_step(q, k, v, g, beta, self.checkpoint, rows, use_qk_l2norm, scale, A_log, dt_bias)
 
     def materialize(self, rows: Tensor | list[int] | None = None) -> Tensor:
         """Exact committed state ``(n, value_heads, value_dim, key_dim)`` in fp32; writes nothing."""

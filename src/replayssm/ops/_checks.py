@@ -186,8 +186,23 @@ def _check_ring_beta(ck: ArgChecker, ring_beta, read_checkpoint, ring_g: Tensor)
     )
 
 
+def check_gate_parameters(op: str, A_log, dt_bias, value_heads: int, device: torch.device) -> None:
+    """The fused gates' parameters (``ops.gdn_step``): both or neither, ``(value_heads,)`` each."""
+    ck = ArgChecker(op, device)
+    missing, given = ("dt_bias", "A_log") if A_log is not None else ("A_log", "dt_bias")
+    ck.condition(
+        (A_log is None) == (dt_bias is None), ValueError, missing,
+        f"is required with '{given}': the fused gates take both (pass neither for precomputed g and beta)",
+    )  # fmt: skip
+    ck.tensor("A_log", A_log, (value_heads,), "(value_heads,)", FLOAT_DTYPES, optional=True)
+    ck.tensor("dt_bias", dt_bias, (value_heads,), "(value_heads,)", FLOAT_DTYPES, optional=True)
+    for arg, t in (("A_log", A_log), ("dt_bias", dt_bias)):  # the kernels index them by head
+        ck.condition(t is None or t.stride(0) == 1 or value_heads == 1, ValueError, arg, f"must be contiguous, got stride {None if t is None else t.stride()}")
+
+
 def check_gdn_step(
-    q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint=None, ring_beta=None
+    q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint=None, ring_beta=None,
+    A_log=None, dt_bias=None,
 ) -> None:  # fmt: skip
     ck = ArgChecker("gdn_step", checkpoint.device if isinstance(checkpoint, Tensor) else torch.device("cpu"))
     ck.tensor("checkpoint", checkpoint, (None, None, None, None), "(slots, value_heads, value_dim, key_dim)", STATE_DTYPES)
@@ -210,6 +225,7 @@ def check_gdn_step(
     ck.tensor("g", g, (batch, num_tokens, value_heads), "(batch, T, value_heads)", FLOAT_DTYPES)
     ck.tensor("beta", beta, (batch, num_tokens, value_heads), "(batch, T, value_heads)", FLOAT_DTYPES)
     ck.condition(scale is None or scale > 0, ValueError, "scale", f"must be None or positive, got {scale}")
+    check_gate_parameters("gdn_step", A_log, dt_bias, value_heads, ck.device)
     _check_read_checkpoint(ck, read_checkpoint, checkpoint, "(slots, value_heads, value_dim, key_dim)")
     _check_ring_beta(ck, ring_beta, read_checkpoint, ring_g)
     _check_cursor_rows(ck, "v", cursor, pending, rows, slots, batch, window, num_tokens)

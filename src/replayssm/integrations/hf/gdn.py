@@ -113,17 +113,18 @@ class GDNAdapter(MixerAdapter):
         qkv = self.conv(layer, qkv)
         key_dim, value_dim = g.key_heads * g.key_dim, g.value_heads * g.value_dim
         q, k, v = qkv.split([key_dim, key_dim, value_dim], dim=-1)
-        beta = b.sigmoid()
-        if self.beta_scale != 1.0:
-            beta = beta * self.beta_scale
-        log_decay = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias)
+        if self.beta_scale == 1.0:  # the fused gates: the kernels form g and beta from a and b as the model does
+            gate_a, gate_b, gate_params = a, b, dict(A_log=m.A_log, dt_bias=m.dt_bias)
+        else:  # a scaled beta (OlmoHybrid's allow_neg_eigval) is formed here
+            gate_b = b.sigmoid() * self.beta_scale
+            gate_a, gate_params = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias), {}
         state = layer.replay
         q = q.reshape(batch, num_tokens, g.key_heads, g.key_dim)
         k = k.reshape(batch, num_tokens, g.key_heads, g.key_dim)
         v = v.reshape(batch, num_tokens, g.value_heads, g.value_dim)
         if self.conventional:
-            o = state.conventional_step(q, k, v, log_decay, beta, rows=layer.replay_rows)
+            o = state.conventional_step(q, k, v, gate_a, gate_b, rows=layer.replay_rows, **gate_params)
         else:
-            o = state.step(q, k, v, log_decay, beta, rows=layer.replay_rows, commit=commit)
+            o = state.step(q, k, v, gate_a, gate_b, rows=layer.replay_rows, commit=commit, **gate_params)
         o = self.norm(o.reshape(-1, g.value_dim), z.reshape(-1, g.value_dim))
         return self.out_proj(o.reshape(batch, num_tokens, -1))

@@ -13,7 +13,6 @@ projection are the stock layer's.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
@@ -156,16 +155,16 @@ class ReplayQwenGatedDeltaNet(C.ReplayLayerMixin, QwenGatedDeltaNetAttention):
         kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
         q, k, v = torch.split(conv, [kd, kd, vd], dim=-1)
         hk, hv = self.num_k_heads // self.tp_size, self.num_v_heads // self.tp_size
-        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
-        beta = torch.sigmoid(b.float())
-        o = state.step(
+        o = state.step(  # the fused gates: the kernels form g and beta from a and b, as vLLM's own kernels do
             q.reshape(n, T, hk, self.head_k_dim),
             k.reshape(n, T, hk, self.head_k_dim),
             v.reshape(n, T, hv, self.head_v_dim),
-            rows.pad(g),
-            rows.pad(beta),
+            rows.pad(a),
+            rows.pad(b),
             rows=rows.slots,
             commit=commit,
+            A_log=self.A_log,
+            dt_bias=self.dt_bias,
         )
         return rows.unpad(o)
 

@@ -31,6 +31,8 @@ def gdn_step(
     scale: float | None,
     read_checkpoint: Tensor | None,
     ring_beta: Tensor | None,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
 ) -> Tensor:
     """Replay decode / verification step of a Gated DeltaNet layer for T tokens per row.
 
@@ -62,19 +64,27 @@ def gdn_step(
     Verification (T > 1) reads the checkpoint instead, storing beta +0 with
     its exact d, after folding rows whose ring ends in decode entries
     (docs/ops.md, "Read copy").
+
+    Fused gates: with ``A_log`` and ``dt_bias`` ``(value_heads,)`` the op
+    takes the model's raw gate inputs in place of the gates, a in ``g``'s
+    place and b in ``beta``'s (same shapes), and forms them as the models
+    do: ``g = -exp(A_log) softplus(a + dt_bias)`` in fp32, ``beta =
+    sigmoid(b)`` rounded to b's dtype (``reference.gates``). This is what
+    the integrations call: the gates cost no separate launches.
     """
     _checks.check_gdn_step(
-        q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint, ring_beta
+        q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint, ring_beta, A_log, dt_bias
     )
     return reference.gdn_step(
         q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint,
-        ring_beta,
+        ring_beta, A_log, dt_bias,
     )  # fmt: skip
 
 
 @gdn_step.register_fake
 def _(
-    q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint, ring_beta
+    q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint, ring_beta,
+    A_log=None, dt_bias=None,
 ):  # fmt: skip
     return v.new_empty(v.shape)
 
@@ -116,22 +126,24 @@ def gdn_conventional_step(
     rows: Tensor,
     use_qk_l2norm: bool,
     scale: float | None,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
 ) -> Tensor:
     """Conventional GDN decoding (the baseline): per token, read the state, update it, write it back.
 
-    Same inputs as ``gdn_step``; ``state`` is ``(slots, value_heads,
-    value_dim, key_dim)``.
+    Same inputs as ``gdn_step`` (the fused gates too); ``state`` is
+    ``(slots, value_heads, value_dim, key_dim)``.
     """
-    check_conventional(q, k, v, g, beta, state, rows)
-    return reference.gdn_conventional_step(q, k, v, g, beta, state, rows, use_qk_l2norm, scale)
+    check_conventional(q, k, v, g, beta, state, rows, A_log, dt_bias)
+    return reference.gdn_conventional_step(q, k, v, g, beta, state, rows, use_qk_l2norm, scale, A_log, dt_bias)
 
 
 @gdn_conventional_step.register_fake
-def _(q, k, v, g, beta, state, rows, use_qk_l2norm, scale):
+def _(q, k, v, g, beta, state, rows, use_qk_l2norm, scale, A_log=None, dt_bias=None):
     return v.new_empty(v.shape)
 
 
-def check_conventional(q, k, v, g, beta, state, rows) -> None:
+def check_conventional(q, k, v, g, beta, state, rows, A_log=None, dt_bias=None) -> None:
     batch, num_tokens, value_heads, value_dim = v.shape
     key_heads, key_dim = k.shape[2], k.shape[3]
     _checks.check_conventional(
@@ -150,10 +162,11 @@ def check_conventional(q, k, v, g, beta, state, rows) -> None:
     )
     if value_heads % key_heads:
         raise ValueError(f"replayssm.gdn_conventional_step: argument 'k' key_heads ({key_heads}) must divide value_heads ({value_heads})")
+    _checks.check_gate_parameters("gdn_conventional_step", A_log, dt_bias, value_heads, state.device)
 
 
-def _check_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint, ring_beta):  # fmt: skip
-    _checks.check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint, ring_beta)  # fmt: skip
+def _check_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, read_checkpoint, ring_beta, A_log=None, dt_bias=None):  # fmt: skip
+    _checks.check_gdn_step(q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, scale, read_checkpoint, ring_beta, A_log, dt_bias)  # fmt: skip
 
 
 def _step_kernel():
@@ -171,7 +184,9 @@ def _conventional_kernel():
 register_cuda(gdn_step, _check_step, reference.gdn_step, _step_kernel)
 register_cuda(
     gdn_conventional_step,
-    lambda q, k, v, g, beta, state, rows, use_qk_l2norm, scale: check_conventional(q, k, v, g, beta, state, rows),
+    lambda q, k, v, g, beta, state, rows, use_qk_l2norm, scale, A_log=None, dt_bias=None: check_conventional(
+        q, k, v, g, beta, state, rows, A_log, dt_bias
+    ),
     reference.gdn_conventional_step,
     _conventional_kernel,
 )

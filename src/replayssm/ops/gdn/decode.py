@@ -6,12 +6,12 @@ import triton
 import triton.language as tl
 
 from ..triton_helpers import fold_store_tile, suffix_sums
-from .tiles import ckpt_tile, load_qk
+from .tiles import ckpt_tile, load_qk, raw_beta, raw_decay
 
 
 @triton.jit
 def _gdn_replay_kernel(
-    p_q, p_k, p_v, p_g, p_beta, p_o,
+    p_q, p_k, p_v, p_g, p_beta, p_A_log, p_dt_bias, p_o,
     p_ckpt, p_ring_k, p_ring_d, p_ring_g, p_cursor, p_rows,
     s_q_b, s_q_h, s_q_k,
     s_k_b, s_k_h, s_k_k,
@@ -24,7 +24,7 @@ def _gdn_replay_kernel(
     s_rd_s, s_rd_l, s_rd_h, s_rd_v,
     s_rg_s, s_rg_l, s_rg_h,
     V, K, L, value_per_key, scale,
-    L2NORM: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATES: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
@@ -53,6 +53,9 @@ def _gdn_replay_kernel(
     b_q, b_k = load_qk(p_q, p_k, i_b64, i_kh64, s_q_b, s_q_h, s_q_k, s_k_b, s_k_h, s_k_k, o_k, m_k, scale, L2NORM, True)
     b_g = tl.load(p_g + i_b64 * s_g_b + i_h64 * s_g_h).to(tl.float32)
     b_beta = tl.load(p_beta + i_b64 * s_beta_b + i_h64 * s_beta_h).to(tl.float32)
+    if RAW_GATES:
+        b_g = raw_decay(b_g, tl.load(p_A_log + i_h).to(tl.float32), tl.load(p_dt_bias + i_h).to(tl.float32))
+        b_beta = raw_beta(b_beta, p_beta)
 
     # Per head, once: decays and key products of the committed ring entries.
     p_ring_row_g = p_ring_g + slot * s_rg_s + i_h64 * s_rg_h
@@ -98,16 +101,17 @@ def _gdn_replay_kernel(
 
 @triton.jit
 def _gdn_append_kernel(
-    p_k, p_g, p_ring_k, p_ring_g, p_cursor, p_pending, p_rows,
+    p_k, p_g, p_A_log, p_dt_bias, p_ring_k, p_ring_g, p_cursor, p_pending, p_rows,
     s_k_b, s_k_t, s_k_h, s_k_k,
     s_g_b, s_g_t, s_g_h,
     s_rk_s, s_rk_l, s_rk_h, s_rk_k,
     s_rg_s, s_rg_l, s_rg_h,
     T, L, HK, HV, K,
-    COMMIT: tl.constexpr, L2NORM: tl.constexpr,
+    COMMIT: tl.constexpr, L2NORM: tl.constexpr, RAW_GATES: tl.constexpr,
     BLOCK_HK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_HV: tl.constexpr,
 ):  # fmt: skip
-    """Per row: write the normalised keys and log-decays of the T tokens at c..c+T-1; move the cursor."""
+    """Per row: write the normalised keys and log-decays of the T tokens at c..c+T-1; move the cursor.
+    ``RAW_GATES``: ``p_g`` holds the raw a (``raw_decay``)."""
     i_b = tl.program_id(0)
     i_b64 = i_b.to(tl.int64)
     slot = tl.load(p_rows + i_b).to(tl.int64)
@@ -118,6 +122,9 @@ def _gdn_append_kernel(
     o_hv = tl.arange(0, BLOCK_HV)
     m_kk = (o_hk[:, None] < HK) & (o_k[None, :] < K)
     m_hv = o_hv < HV
+    if RAW_GATES:
+        b_A_log = tl.load(p_A_log + o_hv, mask=m_hv, other=0.0).to(tl.float32)
+        b_dt_bias = tl.load(p_dt_bias + o_hv, mask=m_hv, other=0.0).to(tl.float32)
     for t in range(0, T):
         pos = (c_eff + t).to(tl.int64)
         b_k = tl.load(p_k + i_b64 * s_k_b + t * s_k_t + o_hk[:, None] * s_k_h + o_k[None, :] * s_k_k, mask=m_kk, other=0.0)
@@ -130,6 +137,8 @@ def _gdn_append_kernel(
             mask=m_kk,
         )
         b_g = tl.load(p_g + i_b64 * s_g_b + t * s_g_t + o_hv * s_g_h, mask=m_hv, other=0.0).to(tl.float32)
+        if RAW_GATES:
+            b_g = raw_decay(b_g, b_A_log, b_dt_bias)
         tl.store(p_ring_g + slot * s_rg_s + pos * s_rg_l + o_hv * s_rg_h, b_g.to(p_ring_g.dtype.element_ty), mask=m_hv)
     if COMMIT:
         tl.store(p_cursor + slot, (c_eff + T).to(tl.int32))

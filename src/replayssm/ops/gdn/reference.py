@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..replay_math import append_entries, causal_sum, compute_dtype, fold_weights, live_entries, ring_valid, segment_sums, store_fold
@@ -86,6 +87,17 @@ def _gdn_copy_beta(beta: Tensor) -> Tensor:
     return torch.where(beta == 0, torch.full_like(beta, -0.0), beta)
 
 
+def gates(g: Tensor, beta: Tensor, A_log: Tensor | None, dt_bias: Tensor | None, cd: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The decays and betas in ``cd``: as given, or (the fused gates, ``A_log`` given) formed from the raw a
+    (in ``g``'s place) and b (in ``beta``'s) as the models form them: ``g = -exp(A_log) softplus(a +
+    dt_bias)``, ``beta = sigmoid(b)`` rounded to b's dtype (a bf16 model's ``b.sigmoid()``; vLLM's gating
+    kernel stores it so too)."""
+    if A_log is None:
+        return g.to(cd), beta.to(cd)
+    decay = -A_log.to(cd).exp() * F.softplus(g.to(cd) + dt_bias.to(cd))
+    return decay, torch.sigmoid(beta.to(torch.promote_types(beta.dtype, torch.float32))).to(beta.dtype).to(cd)
+
+
 def _gdn_prepare_qk(q: Tensor, k: Tensor, use_qk_l2norm: bool, scale: float | None, cd: torch.dtype) -> tuple[Tensor, Tensor]:
     q, k = q.to(cd), k.to(cd)
     if use_qk_l2norm:
@@ -112,6 +124,8 @@ def gdn_step(
     scale: float | None,
     read_checkpoint: Tensor | None = None,
     ring_beta: Tensor | None = None,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
 ) -> Tensor:
     """Reference replay step for Gated DeltaNet; see ``replayssm.ops.gdn_step``."""
     batch, num_tokens, key_heads, key_dim = k.shape
@@ -123,7 +137,7 @@ def gdn_step(
     c = cursor[rows].long()
 
     q_t, k_t = _gdn_prepare_qk(q, k, use_qk_l2norm, scale, cd)
-    g_t, beta_t, v_t = g.to(cd), beta.to(cd), v.to(cd)
+    (g_t, beta_t), v_t = gates(g, beta, A_log, dt_bias, cd), v.to(cd)
     ring_k_r, ring_d_r, ring_g_r = ring_k[rows].to(cd), ring_d[rows].to(cd), ring_g[rows].to(cd)
     state = checkpoint[rows].to(cd)
 
@@ -217,6 +231,8 @@ def gdn_conventional_step(
     rows: Tensor,
     use_qk_l2norm: bool,
     scale: float | None,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
 ) -> Tensor:
     """Conventional GDN decoding: read, update and write the state every token."""
     share = v.shape[2] // k.shape[2]
@@ -225,11 +241,12 @@ def gdn_conventional_step(
     s = state[rows].to(cd)  # (batch, HV, V, K)
     q_t, k_t = _gdn_prepare_qk(q, k, use_qk_l2norm, scale, cd)
     q_t, k_t = q_t.repeat_interleave(share, dim=2), k_t.repeat_interleave(share, dim=2)
+    g, beta = gates(g, beta, A_log, dt_bias, cd)
     outputs = []
     for t in range(v.shape[1]):
-        s = g[:, t].to(cd).exp()[:, :, None, None] * s
+        s = g[:, t].exp()[:, :, None, None] * s
         r = torch.einsum("bhvk,bhk->bhv", s, k_t[:, t])
-        d = beta[:, t].to(cd)[:, :, None] * (v[:, t].to(cd) - r)
+        d = beta[:, t][:, :, None] * (v[:, t].to(cd) - r)
         s = s + torch.einsum("bhv,bhk->bhvk", d, k_t[:, t])
         s = s.to(state.dtype).to(cd)  # the state is stored after every token
         outputs.append(torch.einsum("bhvk,bhk->bhv", s, q_t[:, t]))

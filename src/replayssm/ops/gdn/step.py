@@ -81,6 +81,7 @@ def gdn_step_out(
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, o: Tensor, config: LaunchConfig | None = None,
     flush_config: LaunchConfig | None = None, decode_launches: int | None = None, weights_config: LaunchConfig | None = None,
     overlap: bool | None = None, read_checkpoint: Tensor | None = None, ring_beta: Tensor | None = None,
+    A_log: Tensor | None = None, dt_bias: Tensor | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``o``; see ``replayssm.ops.gdn_step``.
 
@@ -94,6 +95,7 @@ def gdn_step_out(
     ``read_checkpoint`` (SPEC §4): the main launch reads it instead of the checkpoint, and the fold
     launches write both, folding exactly with ``ring_beta`` (required with a copy); decoding then always takes the three
     launches (the single kernel reads and folds the same tiles, so it has no read copy).
+    ``A_log``, ``dt_bias``: the fused gates (g and beta are the raw a and b; ``tiles.raw_decay``, ``raw_beta``).
     """
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -108,7 +110,7 @@ def gdn_step_out(
     if num_tokens > 1 or decode_launches == 3:
         _gdn_three_launches(
             q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale, o, config, flush_config,
-            weights_config, launch_defaults.OVERLAP_LAUNCHES if overlap is None else overlap, read_checkpoint, ring_beta,
+            weights_config, launch_defaults.OVERLAP_LAUNCHES if overlap is None else overlap, read_checkpoint, ring_beta, A_log, dt_bias,
         )  # fmt: skip
         return
     window = ring_k.shape[1]
@@ -118,7 +120,7 @@ def gdn_step_out(
     q1, k1, v1, g1, beta1, o1 = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], o[:, 0]
     with device_context(v):
         _gdn_replay_kernel[(split, value_heads, batch)](
-            p_q=q1, p_k=k1, p_v=v1, p_g=g1, p_beta=beta1, p_o=o1,
+            p_q=q1, p_k=k1, p_v=v1, p_g=g1, p_beta=beta1, p_A_log=A_log, p_dt_bias=dt_bias, p_o=o1,
             p_ckpt=checkpoint, p_ring_k=ring_k, p_ring_d=ring_d, p_ring_g=ring_g, p_cursor=cursor, p_rows=rows,
             s_q_b=q1.stride(0), s_q_h=q1.stride(1), s_q_k=q1.stride(2),
             s_k_b=k1.stride(0), s_k_h=k1.stride(1), s_k_k=k1.stride(2),
@@ -131,18 +133,18 @@ def gdn_step_out(
             **dict(zip(("s_rd_s", "s_rd_l", "s_rd_h", "s_rd_v"), ring_d.stride())),
             **dict(zip(("s_rg_s", "s_rg_l", "s_rg_h"), ring_g.stride())),
             V=value_dim, K=key_dim, L=window, value_per_key=value_heads // key_heads, scale=scale_or_default(scale, key_dim),
-            L2NORM=use_qk_l2norm,
+            L2NORM=use_qk_l2norm, RAW_GATES=A_log is not None,
             BLOCK_V=cfg.block, BLOCK_K=next_pow2(key_dim), BLOCK_L=max(next_pow2(window), 16),
             NUM_TILES=num_tiles, SPLIT=split,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
-        _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2norm, value_heads)
+        _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2norm, value_heads, A_log, dt_bias)
 
 
 def _gdn_three_launches(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit, use_qk_l2norm, scale, o, config, flush_config, weights_config, overlap: bool, read_checkpoint: Tensor | None,
-    ring_beta: Tensor | None,
+    ring_beta: Tensor | None, A_log: Tensor | None, dt_bias: Tensor | None,
 ) -> None:  # fmt: skip
     batch, num_tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -194,8 +196,8 @@ def _gdn_three_launches(
     with device_context(v):
         _gdn_flush_kernel[flush_grid](p_cursor=cursor, WORKLIST=work_list, **fold_args)
         _gdn_weights_kernel[(key_heads, batch)](
-            p_q=q, p_k=k, p_g=g, p_beta=beta, p_ring_k=ring_k, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_cursor=cursor, p_rows=rows,
-            p_w=weights, p_qk=qk, p_pos=pos, HAS_READ=has_read, EXACT_READS=exact_reads,
+            p_q=q, p_k=k, p_g=g, p_beta=beta, p_A_log=A_log, p_dt_bias=dt_bias, p_ring_k=ring_k, p_ring_g=ring_g, p_ring_beta=ring_beta_arg, p_cursor=cursor, p_rows=rows,
+            p_w=weights, p_qk=qk, p_pos=pos, HAS_READ=has_read, EXACT_READS=exact_reads, RAW_GATES=A_log is not None,
             **dict(zip(("s_q_b", "s_q_t", "s_q_h", "s_q_k"), q.stride())),
             **dict(zip(("s_k_b", "s_k_t", "s_k_h", "s_k_k"), k.stride())),
             **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
@@ -225,16 +227,16 @@ def _gdn_three_launches(
         )  # fmt: skip
 
 
-def _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2norm, value_heads) -> None:
+def _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2norm, value_heads, A_log, dt_bias) -> None:
     batch, num_tokens, key_heads, key_dim = k.shape
     _gdn_append_kernel[(batch,)](
-        p_k=k, p_g=g, p_ring_k=ring_k, p_ring_g=ring_g, p_cursor=cursor, p_pending=pending, p_rows=rows,
+        p_k=k, p_g=g, p_A_log=A_log, p_dt_bias=dt_bias, p_ring_k=ring_k, p_ring_g=ring_g, p_cursor=cursor, p_pending=pending, p_rows=rows,
         **dict(zip(("s_k_b", "s_k_t", "s_k_h", "s_k_k"), k.stride())),
         **dict(zip(("s_g_b", "s_g_t", "s_g_h"), g.stride())),
         **dict(zip(("s_rk_s", "s_rk_l", "s_rk_h", "s_rk_k"), ring_k.stride())),
         **dict(zip(("s_rg_s", "s_rg_l", "s_rg_h"), ring_g.stride())),
         T=num_tokens, L=ring_k.shape[1], HK=key_heads, HV=value_heads, K=key_dim,
-        COMMIT=commit, L2NORM=use_qk_l2norm,
+        COMMIT=commit, L2NORM=use_qk_l2norm, RAW_GATES=A_log is not None,
         BLOCK_HK=next_pow2(key_heads), BLOCK_K=next_pow2(key_dim), BLOCK_HV=next_pow2(value_heads),
         num_warps=4,
     )  # fmt: skip
@@ -243,10 +245,10 @@ def _gdn_append(k, g, ring_k, ring_g, cursor, pending, rows, commit, use_qk_l2no
 def gdn_step(
     q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending,
     rows, commit: bool, use_qk_l2norm: bool, scale: float | None, read_checkpoint: Tensor | None = None,
-    ring_beta: Tensor | None = None,
+    ring_beta: Tensor | None = None, A_log: Tensor | None = None, dt_bias: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """The launcher of ``replayssm.ops.gdn_step`` (fp32 / fp16 / bf16)."""
     args = (q, k, v, g, beta, checkpoint, ring_k, ring_d, ring_g, cursor, pending, rows, commit, use_qk_l2norm, scale)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # contiguous, as the fake kernel says (v may be strided)
-    gdn_step_out(*args, o=o, read_checkpoint=read_checkpoint, ring_beta=ring_beta)
+    gdn_step_out(*args, o=o, read_checkpoint=read_checkpoint, ring_beta=ring_beta, A_log=A_log, dt_bias=dt_bias)
     return o

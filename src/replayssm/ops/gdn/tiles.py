@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..triton_helpers import load_f32
+from ..triton_helpers import load_f32, sigmoid, softplus
 
 
 @triton.jit
@@ -70,3 +70,36 @@ def row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, s_rg_h, i_h_mark, T, 
     if EXACT_READS:
         folds = folds | ends_with_copy_entry(p_ring_beta, slot, cur, s_rg_s, s_rg_l, s_rg_h, i_h_mark)
     return cur, folds
+
+
+@triton.jit
+def round_like(x, p):
+    """fp32 ``x`` rounded to the element type of pointer ``p``, returned in fp32: bf16 by the bits
+    (round to nearest even; the interpreter's cast truncates, NOTES-TRITON), fp16 by a cast, wider types
+    unchanged. For finite x."""
+    if p.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536: 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif p.dtype.element_ty == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+# The fused gates (``ops.gdn_step(A_log=, dt_bias=)``): the kernels take the model's raw gate inputs a
+# (in place of g) and b (in place of beta) and form the gates as the models do; ``reference.gates`` is
+# the twin.
+
+
+@triton.jit
+def raw_decay(b_a, b_A_log, b_dt_bias):
+    """``g = -exp(A_log) softplus(a + dt_bias)`` in fp32 (``A_log`` and ``dt_bias`` broadcast to ``b_a``)."""
+    return -tl.exp(b_A_log) * softplus(b_a + b_dt_bias)
+
+
+@triton.jit
+def raw_beta(b_b, p_b):
+    """``beta = sigmoid(b)`` rounded to b's dtype (``p_b``'s element type), in fp32: a bf16 model's
+    ``b.sigmoid()`` stores it so, as does vLLM's gating kernel."""
+    return round_like(sigmoid(b_b), p_b)

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..triton_helpers import allow_next_launch, head_suffix_sums, wait_for_previous_launch
-from .tiles import load_tile_ring, ring_d_slice, row_folds
+from .tiles import load_tile_ring, raw_beta, raw_decay, ring_d_slice, row_folds
 
 
 @triton.jit
@@ -22,7 +22,7 @@ def _copy_beta(b_beta):
 
 @triton.jit
 def _gdn_weights_kernel(
-    p_q, p_k, p_g, p_beta, p_ring_k, p_ring_g, p_ring_beta, p_cursor, p_rows, p_w, p_qk, p_pos,
+    p_q, p_k, p_g, p_beta, p_A_log, p_dt_bias, p_ring_k, p_ring_g, p_ring_beta, p_cursor, p_rows, p_w, p_qk, p_pos,
     s_q_b, s_q_t, s_q_h, s_q_k,
     s_k_b, s_k_t, s_k_h, s_k_k,
     s_g_b, s_g_t, s_g_h,
@@ -33,8 +33,8 @@ def _gdn_weights_kernel(
     s_qk_b, s_qk_h, s_qk_i, s_qk_t,
     K, L, value_per_key, scale,
     T: tl.constexpr, L2NORM: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr,
-    EXACT_READS: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
-    RING_DOT: tl.constexpr = False, BLOCK_M: tl.constexpr = 16,
+    EXACT_READS: tl.constexpr, RAW_GATES: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr, RING_DOT: tl.constexpr = False, BLOCK_M: tl.constexpr = 16,
 ):  # fmt: skip
     """Verification launch 2, one program per (key head, row): the main launch's weights, and the append.
 
@@ -66,6 +66,9 @@ def _gdn_weights_kernel(
     ``HAS_READ`` (a read copy): the betas are appended too, into ``p_ring_beta`` (ring_g's strides), for
     the exact fold (-0 for a beta of 0: ``reference._gdn_copy_beta``); ``EXACT_READS`` (verification with
     a copy, which the main launch reads off the checkpoint): +0, the d being exact.
+
+    ``RAW_GATES`` (``ops.gdn_step(A_log=, dt_bias=)``): g and beta are the raw a and b, the gates formed
+    here (``raw_decay``, ``raw_beta``); only this launch reads them.
     """
     allow_next_launch(USE_PDL)
     i_kh, i_b = tl.program_id(0), tl.program_id(1)
@@ -102,6 +105,10 @@ def _gdn_weights_kernel(
     ).to(tl.float32)
     b_rg = tl.load(p_ring_g + slot * s_rg_s + o_l[None, :] * s_rg_l + o_h[:, None] * s_rg_h, mask=m_jl, other=0.0).to(tl.float32)
     b_g = tl.load(p_g + i_b64 * s_g_b + o_t[None, :] * s_g_t + o_h[:, None] * s_g_h, mask=m_jt, other=0.0).to(tl.float32)
+    if RAW_GATES:
+        b_A_log = tl.load(p_A_log + o_h, mask=m_j, other=0.0).to(tl.float32)
+        b_dt_bias = tl.load(p_dt_bias + o_h, mask=m_j, other=0.0).to(tl.float32)
+        b_g = tl.where(m_jt, raw_decay(b_g, b_A_log[:, None], b_dt_bias[:, None]), 0.0)
     b_suffix = head_suffix_sums(b_rg, o_l)
     b_ring_total = tl.sum(b_rg, axis=1)
     p_w_rows = p_w + i_b64 * s_w_b + o_h * s_w_h
@@ -140,6 +147,8 @@ def _gdn_weights_kernel(
         b_wk_new = tl.where(o_t[None, :] < t, b_dec_new * tl.sum(b_K * b_k_t[None, :], axis=1)[None, :], 0.0)
         b_wq_new = tl.where(o_t[None, :] <= t, b_dec_new * tl.sum(b_K * b_q_t[None, :], axis=1)[None, :], 0.0)
         b_beta_t = tl.load(p_beta + i_b64 * s_beta_b + t * s_beta_t + o_h * s_beta_h, mask=m_j, other=0.0).to(tl.float32)
+        if RAW_GATES:
+            b_beta_t = tl.where(m_j, raw_beta(b_beta_t, p_beta), 0.0)
         # (heads, T): beta_t (e_t - sum_{s<t} c_ts N[s, :]); rows s >= t of b_N are still zero, as is c_ts there.
         b_N_t = b_beta_t[:, None] * (tl.where(o_t[None, :] == t, 1.0, 0.0) - tl.sum(b_wk_new[:, :, None] * b_N, axis=1))
         b_N = tl.where(o_t[None, :, None] == t, b_N_t[:, None, :], b_N)
@@ -160,7 +169,10 @@ def _gdn_weights_kernel(
         if EXACT_READS:
             b_beta = tl.zeros((BLOCK_J, BLOCK_T), dtype=tl.float32)
         else:
-            b_beta = _copy_beta(tl.load(p_beta + i_b64 * s_beta_b + o_t[None, :] * s_beta_t + o_h[:, None] * s_beta_h, mask=m_jt, other=0.0))
+            b_beta = tl.load(p_beta + i_b64 * s_beta_b + o_t[None, :] * s_beta_t + o_h[:, None] * s_beta_h, mask=m_jt, other=0.0)
+            if RAW_GATES:
+                b_beta = raw_beta(b_beta.to(tl.float32), p_beta)
+            b_beta = _copy_beta(b_beta)
         tl.store(p_ring_beta + p_rg_new, b_beta.to(p_ring_beta.dtype.element_ty), mask=m_jt)
     tl.store(p_pos + i_b, pos, mask=i_kh == 0)
 
