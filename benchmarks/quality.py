@@ -14,6 +14,19 @@ which gives its held-out perplexity.
     python benchmarks/quality.py --checkpoint checkpoints/qwen3_5_small            # GPU if there is one
     python benchmarks/quality.py --checkpoint checkpoints/nemotron_h_small --device cpu -n 256 --prompts 2
 
+With ``--recall``, each configuration is also scored on long-context
+retrieval (benchmarks/recall_tasks.py: RULER-style needle, multi-key and
+multi-value probes, generated with a seed, in a haystack of held-out text)
+at each of ``--recall-contexts``: the prompt goes in through the
+configuration's path (one prefill, or with ``--recall-feed stream`` a
+prefill of ``--prompt-len`` tokens and then one token per forward), the
+answer is teacher-forced one token per forward, and a probe counts when
+every answer token is the first choice (exact match, the same as greedy
+decoding). Recall per context and configuration goes into the JSON and a
+second panel of the plot.
+
+    python benchmarks/quality.py --checkpoint checkpoints/qwen3_5_small --recall --recall-count 16
+
 Prints a table and writes quality.json and quality.png (matplotlib, if
 installed) under --out. The held-out prompts and texts are excerpts of the
 held-out split of the checkpoints' corpus, stored in
@@ -177,6 +190,81 @@ def nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------
+# long-context retrieval
+
+
+def _recall_tasks():
+    """The sibling module ``recall_tasks`` (this file runs as a script or is loaded by path)."""
+    import sys
+
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import recall_tasks
+
+    return recall_tasks
+
+
+def heldout_haystack(tokenizer, data: Path = DATA) -> list[int]:
+    """The held-out excerpts' tokens, end to end: the text the probes' needles are hidden in."""
+    ids: list[int] = []
+    for ex in json.loads(data.read_text())["excerpts"]:
+        ids.extend(tokenizer(ex["text"], add_special_tokens=False).input_ids)
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def recall_probes(tokenizer, contexts, tasks, count: int, seed: int) -> dict:
+    """``{context: [probes]}``: ``count`` seeded probes of each task at each context."""
+    rt = _recall_tasks()
+    vocab = rt.TaskVocab(tokenizer)
+    haystack = heldout_haystack(tokenizer)
+    return {c: [p for t in tasks for p in rt.probe_set(vocab, haystack, t, c, count, seed)] for c in contexts}
+
+
+@torch.no_grad()
+def recall_hits(model, probes, feed: str, prompt_len: int, batch: int, pad_id: int) -> list[bool]:
+    """Exact match of each probe's answer through the decode path (probes of one context length).
+
+    ``feed='prefill'``: the whole prompt in one forward; ``'stream'``: its
+    first ``prompt_len`` tokens in one forward and the rest one token per
+    forward, as generated text would go. The answer tokens follow one per
+    forward either way.
+    """
+    hits: list[bool] = []
+    for s in range(0, len(probes), batch):
+        group = probes[s : s + batch]
+        prompt = torch.tensor([p.prompt for p in group])
+        width = max(len(p.answer) for p in group)
+        answers = torch.full((len(group), width), pad_id, dtype=torch.long)
+        for i, p in enumerate(group):
+            answers[i, : len(p.answer)] = torch.tensor(p.answer)
+        if feed == "stream":
+            head, rest = prompt[:, :prompt_len], prompt[:, prompt_len:]
+            logits, _ = decode(model, head, rest.shape[1] + width, forced=torch.cat([rest, answers], dim=1))
+            logits = logits[:, rest.shape[1] :]
+        else:
+            logits, _ = decode(model, prompt, width, forced=answers)
+        first = logits.argmax(-1)
+        for i, p in enumerate(group):
+            hits.append(bool((first[i, : len(p.answer)] == answers[i, : len(p.answer)]).all()))
+    return hits
+
+
+def score_recall(model, probes_by_context: dict, feed: str, prompt_len: int, batch: int, pad_id: int) -> dict:
+    """``{context: {task: accuracy, ..., "mean": accuracy}}`` (JSON keys: strings)."""
+    out = {}
+    for context, probes in probes_by_context.items():
+        hits = recall_hits(model, probes, feed, prompt_len, batch, pad_id)
+        row: dict = {}
+        for p, hit in zip(probes, hits):
+            row.setdefault(p.task, []).append(hit)
+        row = {task: sum(h) / len(h) for task, h in row.items()}
+        row["mean"] = sum(hits) / len(hits)
+        out[str(context)] = row
+    return out
+
+
+# --------------------------------------------------------------------------
 # the run
 
 
@@ -194,6 +282,9 @@ def run(args: argparse.Namespace) -> dict:
     ids, sources = heldout_batch(tokenizer, args.prompt_len, args.n, args.prompts)
     prompt, heldout = ids[:, : args.prompt_len], ids[:, args.prompt_len :]
     n = args.n
+    probes = None
+    if args.recall:
+        probes = recall_probes(tokenizer, args.recall_contexts, args.recall_tasks, args.recall_count, args.seed)
 
     t0 = time.time()
     with configured(model, CONFIGS["reference"], args.window):
@@ -208,6 +299,8 @@ def run(args: argparse.Namespace) -> dict:
         with configured(model, config, args.window):
             logits, _ = decode(model, prompt, n, forced=generated)
             held_logits, _ = decode(model, prompt, n, forced=heldout)
+            if probes is not None:
+                recall = score_recall(model, probes, args.recall_feed, args.prompt_len, args.recall_batch, tokenizer.eos_token_id)
         kl, agree = compare(gen_logits, logits)
         kl_held, agree_held = compare(ref_held_logits, held_logits)
         held_nll = nll(held_logits, heldout)
@@ -227,9 +320,13 @@ def run(args: argparse.Namespace) -> dict:
             "kl_by_position": per_pos.tolist(),
             "seconds": time.time() - t0,
         }
+        if probes is not None:
+            results[name]["recall"] = recall
         r = results[name]
         print(f"{name}: KL mean {r['kl_mean']:.3g} max {r['kl_max']:.3g}, top-1 {r['top1_agreement']:.4%}, "
               f"held-out ppl {r['heldout_ppl']:.4f} ({r['seconds']:.1f}s)", flush=True)
+        if probes is not None:
+            print(f"{name}: recall " + ", ".join(f"{c}: {v['mean']:.1%}" for c, v in recall.items()), flush=True)
 
     return {
         "meta": {
@@ -249,8 +346,23 @@ def run(args: argparse.Namespace) -> dict:
             "position_span": min(POSITION_SPAN, n),
             "sources": sources,
             "sample": tokenizer.decode(torch.cat([prompt[0], generated[0]])[: args.prompt_len + 96]),
+            **({"recall": recall_meta(args)} if probes is not None else {}),
         },
         "configs": results,
+    }
+
+
+def recall_meta(args: argparse.Namespace) -> dict:
+    rt = _recall_tasks()
+    return {
+        "contexts": list(args.recall_contexts),
+        "tasks": list(args.recall_tasks),
+        "count_per_task": args.recall_count,
+        "seed": args.seed,
+        "feed": args.recall_feed,
+        "format_version": rt.FORMAT_VERSION,
+        "haystack": f"{DATA.name} excerpts, end to end",
+        "scoring": "exact match: every answer token the first choice, teacher-forced one token per forward",
     }
 
 
@@ -259,7 +371,7 @@ def _git_revision() -> str | None:
 
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=HERE.parent, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=HERE.parent, capture_output=True, text=True, check=False)
     except (OSError, subprocess.CalledProcessError):
         return None
     return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
@@ -273,6 +385,12 @@ def format_table(report: dict) -> str:
     for name, r in report["configs"].items():
         lines.append(f"| {name} | {r['kl_mean']:.3g} | {r['kl_max']:.3g} | {r['top1_agreement']:.2%} | "
                      f"{r['kl_first']:.3g} | {r['kl_last']:.3g} | {r['heldout_ppl']:.4f} |")
+    recall = report["meta"].get("recall")
+    if recall:
+        contexts = [str(c) for c in recall["contexts"]]
+        lines += ["", "| config | " + " | ".join(f"recall @{c}" for c in contexts) + " |", "|---|" + "---|" * len(contexts)]
+        for name, r in report["configs"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{r['recall'][c]['mean']:.1%}" for c in contexts) + " |")
     return "\n".join(lines)
 
 
@@ -284,7 +402,11 @@ def plot(report: dict, path: Path, bin_size: int = 32) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4))
+    recall = report["meta"].get("recall")
+    if recall:
+        fig, (ax, rax) = plt.subplots(1, 2, figsize=(12, 4))
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
     for name, r in report["configs"].items():
         kl = torch.tensor(r["kl_by_position"])
         if name == "reference" or kl.max() <= 0:
@@ -298,6 +420,17 @@ def plot(report: dict, path: Path, bin_size: int = 32) -> bool:
     ax.set_ylabel(f"KL(reference || config), nats (mean of {bin_size})")
     ax.set_title(f"{Path(meta['checkpoint']).name}: {meta['prompts']} prompts, window {meta['window']}")
     ax.legend(fontsize=8)
+    if recall:
+        contexts = recall["contexts"]
+        for name, r in report["configs"].items():
+            rax.plot(contexts, [r["recall"][str(c)]["mean"] for c in contexts], marker="o", label=name)
+        rax.set_xscale("log", base=2)
+        rax.set_xticks(contexts, [str(c) for c in contexts])
+        rax.set_ylim(-0.02, 1.02)
+        rax.set_xlabel("context (tokens)")
+        rax.set_ylabel("recall, exact match")
+        rax.set_title(f"{', '.join(recall['tasks'])}: {recall['count_per_task']} each, feed {recall['feed']}")
+        rax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -353,6 +486,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, default=None, help="default: out/quality/<checkpoint name>")
+    ap.add_argument("--recall", action="store_true", help="also score long-context retrieval (recall_tasks.py)")
+    ap.add_argument("--recall-contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    ap.add_argument("--recall-tasks", nargs="+", default=["needle", "multikey", "multivalue"],
+                    choices=["needle", "multikey", "multivalue"])
+    ap.add_argument("--recall-count", type=int, default=16, help="probes per task and context")
+    ap.add_argument("--recall-feed", choices=("prefill", "stream"), default="prefill",
+                    help="how the probe prompt goes in (stream: one token per forward after --prompt-len)")
+    ap.add_argument("--recall-batch", type=int, default=4)
     sub = ap.add_subparsers(dest="cmd")
     ex = sub.add_parser("excerpts", help="rebuild benchmarks/data/quality_heldout.json")
     ex.add_argument("--data", required=True, help="a train_small.py prepare directory")

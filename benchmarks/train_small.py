@@ -28,6 +28,7 @@ streams, and ``train`` copies those into the run's numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -192,45 +193,80 @@ def byte_unigram_bits_per_byte(train_texts: list[str], heldout_texts: list[str])
 # models
 
 
-def build_config(family: str, vocab: int, eos_id: int, size: str):
-    """The model geometry. ``size='tiny'`` is for CPU smoke tests only."""
+#: Model families and the transformers classes they build.
+FAMILIES = {
+    "nemotron_h": "NemotronHForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM",
+    "kimi_linear": "KimiLinearForCausalLM",
+}
+#: ``small``: the geometry of the 2025 checkpoints (about 8.5M parameters);
+#: ``testbed``: issue 50's long-memory checkpoints (about 5M parameters, so
+#: that three fit in 30 MB in bf16); ``tiny``: CPU smoke tests only.
+SIZES = ("small", "testbed", "tiny")
+
+
+def _layer_types(ssm_layers: int, attention: str, ssm_before: int) -> list[str]:
+    """``ssm_layers`` linear-attention layers and one full-attention layer, first or after ``ssm_before`` of them."""
+    at = 0 if attention == "first" else ssm_before
+    types = ["linear_attention"] * ssm_layers
+    types.insert(at, "full_attention")
+    return types
+
+
+def build_config(family: str, vocab: int, eos_id: int, size: str, attention: str = "middle"):
+    """The model geometry (see :data:`SIZES`).
+
+    ``attention='first'`` puts the one attention layer before every SSM
+    layer. An attention layer there sees only token embeddings, so it cannot
+    form the previous-token features an induction (copy / recall) head needs:
+    retrieval across the context must then go through the SSM state, which
+    is what issue 50's testbed has to exercise. ``'middle'`` is each
+    family's own kind of placement (the 2025 checkpoints).
+    """
     tiny = size == "tiny"
+    testbed = size == "testbed"
+    common = {"vocab_size": vocab, "use_cache": True, "pad_token_id": eos_id, "bos_token_id": eos_id, "eos_token_id": eos_id}
     if family == "nemotron_h":
         from transformers import NemotronHConfig
 
         # Nemotron-H's layout: Mamba-2 and MLP blocks alternating, one attention block.
-        pattern = "M-M*-M-" if tiny else "M-M-M*-M-M-"
+        if testbed:
+            pattern = "*M-M-M-M-" if attention == "first" else "M-M-*M-M-"
+        elif attention == "first":
+            pattern = "*M-M-" if tiny else "*M-M-M-M-M-"
+        else:
+            pattern = "M-M*-M-" if tiny else "M-M-M*-M-M-"
         return NemotronHConfig(
-            vocab_size=vocab,
             hidden_size=64 if tiny else 256,
             layers_block_type=[{"M": "linear_attention", "-": "mlp", "*": "full_attention"}[c] for c in pattern],
             num_attention_heads=4,
             num_key_value_heads=2,
             head_dim=64,
-            intermediate_size=128 if tiny else 1024,
+            intermediate_size=128 if tiny else (384 if testbed else 1024),
             mlp_hidden_act="relu2",
             mamba_num_heads=4 if tiny else 8,  # intermediate 512 = 8 heads x 64
             mamba_head_dim=64,
-            ssm_state_size=128,
-            n_groups=2 if tiny else 4,  # 2 heads per group: B and C shared within a group
+            ssm_state_size=64 if testbed else 128,
+            n_groups=2 if tiny or testbed else 4,  # heads per group share B and C
             conv_kernel=4,
             chunk_size=128,
-            max_position_embeddings=4096,
-            tie_word_embeddings=False,
-            use_cache=True,
-            pad_token_id=eos_id,
-            bos_token_id=eos_id,
-            eos_token_id=eos_id,
+            max_position_embeddings=8192 if testbed else 4096,
+            tie_word_embeddings=False,  # NemotronHForCausalLM does not tie
+            **common,
         )
     if family == "qwen3_5":
         from transformers import Qwen3_5TextConfig
 
         # Qwen3.5's layout is three GDN layers per full-attention layer.
-        layer_types = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * (1 if tiny else 3)
+        if testbed:
+            layer_types = _layer_types(4, attention, 3)
+        elif attention == "first":
+            layer_types = _layer_types(4 if tiny else 6, "first", 0)
+        else:
+            layer_types = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * (1 if tiny else 3)
         return Qwen3_5TextConfig(
-            vocab_size=vocab,
             hidden_size=64 if tiny else 256,
-            intermediate_size=128 if tiny else 768,
+            intermediate_size=128 if tiny else (320 if testbed else 768),
             num_hidden_layers=len(layer_types),
             layer_types=layer_types,
             num_attention_heads=4,
@@ -241,12 +277,39 @@ def build_config(family: str, vocab: int, eos_id: int, size: str):
             linear_value_head_dim=128,
             linear_num_key_heads=2,
             linear_num_value_heads=4,  # 2 value heads per key head
-            max_position_embeddings=4096,
+            max_position_embeddings=8192 if testbed else 4096,
             tie_word_embeddings=True,
-            use_cache=True,
-            pad_token_id=eos_id,
-            bos_token_id=eos_id,
-            eos_token_id=eos_id,
+            **common,
+        )
+    if family == "kimi_linear":
+        from transformers import KimiLinearConfig
+
+        if size == "small":
+            raise SystemExit("kimi_linear has sizes testbed and tiny (small is the 2025 checkpoints' geometry)")
+        # Kimi Linear's layout is three KDA layers per attention (MLA) layer; dense
+        # SwiGLU MLPs in every layer (no MoE at this size).
+        layer_types = _layer_types(2 if tiny else 4, attention, 1 if tiny else 3)
+        return KimiLinearConfig(
+            hidden_size=64 if tiny else 256,
+            intermediate_size=128 if tiny else 256,
+            num_hidden_layers=len(layer_types),
+            layer_types=layer_types,
+            mlp_layer_types=["dense"] * len(layer_types),
+            # MLA: no query compression, a 128-dim compressed KV, 32 rotary + 32 plain query/key dims per head
+            num_attention_heads=2 if tiny else 4,
+            num_key_value_heads=2 if tiny else 4,
+            q_lora_rank=None,
+            kv_lora_rank=32 if tiny else 128,
+            qk_rope_head_dim=16 if tiny else 32,
+            qk_nope_head_dim=16 if tiny else 32,
+            v_head_dim=32 if tiny else 64,
+            # KDA: per-channel forget gates over 4 heads of 64 (state 4 x 64 x 64 per layer)
+            linear_num_heads=2 if tiny else 4,
+            linear_head_dim=32 if tiny else 64,
+            linear_conv_kernel_dim=4,
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,  # KimiLinearForCausalLM does not tie
+            **common,
         )
     raise SystemExit(f"unknown family {family!r}")
 
@@ -271,7 +334,7 @@ def _ssd_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D, dt_bias, initial_
     import torch.nn.functional as F
 
     b, t, h, p = hidden_states.shape
-    g, n = B.shape[2], B.shape[3]
+    g = B.shape[2]
     if dt_bias is not None:
         dt = dt + dt_bias.to(dt.dtype)
     if dt_softplus:
@@ -328,12 +391,244 @@ def use_fast_training_scan():
     return restore
 
 
+#: The KDA chunk length used for training (transformers' default is 64).
+KDA_TRAINING_CHUNK = 32
+
+
+def use_fast_kda_training(chunk_size: int = KDA_TRAINING_CHUNK):
+    """Run Kimi Linear's chunked KDA with ``chunk_size``-token chunks; returns the undo.
+
+    transformers' pure-PyTorch ``chunk_kimi_delta_attention`` (the fallback
+    without flash-linear-attention) forms (chunk x chunk x key channels)
+    decay products per chunk and solves each chunk's triangular system row
+    by row, so its cost grows with the chunk length: at 32 a training step
+    took a seventh of the time at 64 on the CPU (2,048 tokens, the testbed
+    geometry), with outputs equal to 1e-6. The checkpoints are evaluated and
+    used with transformers' own chunk length.
+    """
+    from transformers.models.kimi_linear import modeling_kimi_linear
+
+    original = modeling_kimi_linear.chunk_kimi_delta_attention
+
+    def chunked(*args, **kwargs):
+        try:
+            return original(*args, chunk_size=chunk_size, **kwargs)
+        except TypeError:  # a kernel (fla's) that picks its own chunking
+            return original(*args, **kwargs)
+
+    modeling_kimi_linear.chunk_kimi_delta_attention = chunked
+
+    def restore():
+        modeling_kimi_linear.chunk_kimi_delta_attention = original
+
+    return restore
+
+
 def build_model(family: str, config):
-    if family == "nemotron_h":
-        from transformers import NemotronHForCausalLM as cls
-    else:
-        from transformers import Qwen3_5ForCausalLM as cls
-    return cls(config)
+    import transformers
+
+    return getattr(transformers, FAMILIES[family])(config)
+
+
+# --------------------------------------------------------------------------
+# the SSM layers: decays, decay initialisation, state reset
+
+
+#: The SSM mixer classes of the families, by class name (no import needed to recognise them).
+SSM_MIXERS = ("NemotronHMamba2Mixer", "Qwen3_5GatedDeltaNet", "KimiLinearDeltaAttention")
+
+
+def ssm_mixers(model) -> list:
+    """The model's SSM mixer modules, in layer order."""
+    return [m for m in model.modules() if type(m).__name__ in SSM_MIXERS]
+
+
+def _softplus_inverse(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+@torch.no_grad()
+def init_decays(model, mode: str, slow_fraction: float, memory: tuple[float, float], seed: int) -> dict:
+    """Give part of the SSM heads long memory at initialisation; returns what was set.
+
+    Every family's per-token decay is ``exp(-exp(A_log) * softplus(x + dt_bias))``
+    for an input-dependent ``x`` (Mamba-2: the dt projection; Gated DeltaNet:
+    ``in_proj_a``; KDA: the forget-gate projection, per key channel).
+    ``mode='stock'`` keeps transformers' initialisation. ``mode='long'``
+    takes every other head (``slow_fraction`` of them, spread over every
+    layer) and sets ``A_log`` so that at ``x = 0`` its decay is
+    ``exp(-1 / m)`` for a memory of ``m`` tokens drawn log-uniformly from
+    ``memory`` (per key channel for KDA); the other heads keep the stock
+    initialisation, so fast and slow heads start side by side.
+    """
+    if mode == "stock":
+        return {"mode": "stock"}
+    gen = torch.Generator().manual_seed(seed + 7919)
+    lo, hi = math.log(memory[0]), math.log(memory[1])
+
+    def memories(*shape):
+        return torch.exp(lo + (hi - lo) * torch.rand(*shape, generator=gen))
+
+    slow_heads = []
+    for layer, mixer in enumerate(ssm_mixers(model)):
+        name = type(mixer).__name__
+        heads = (mixer.forget_gate if name == "KimiLinearDeltaAttention" else mixer).A_log.numel()
+        stride = max(1, round(1 / slow_fraction)) if slow_fraction > 0 else heads + 1
+        slow = list(range(0, heads, stride))[: max(0, round(heads * slow_fraction))]
+        if name == "KimiLinearDeltaAttention":
+            gate = mixer.forget_gate
+            d = gate.head_dim
+            for h in slow:
+                # A = 1; each key channel's dt_bias sets its own memory length.
+                gate.A_log.view(-1)[h] = 0.0
+                gate.dt_bias.view(-1, d)[h] = _softplus_inverse(1.0 / memories(d)).to(gate.dt_bias.dtype)
+        else:
+            dt = torch.nn.functional.softplus(mixer.dt_bias.detach().float())
+            for h in slow:
+                # Keep the head's dt (its input scale in Mamba-2); A = 1 / (memory * dt).
+                a = 1.0 / (memories(1)[0] * dt[h])
+                mixer.A_log[h] = torch.log(a).to(mixer.A_log.dtype)
+        slow_heads.append({"layer_module": layer, "mixer": name, "heads": heads, "slow": slow})
+    return {
+        "mode": "long",
+        "slow_fraction": slow_fraction,
+        "memory_tokens": list(memory),
+        "seed": seed + 7919,
+        "layers": slow_heads,
+    }
+
+
+def _log_decay_hooks(model, sink: list):
+    """Forward hooks that append each SSM mixer's per-token log decay to ``sink[layer]``; returns the handles.
+
+    Mamba-2 and GDN give (batch, time, heads), KDA (batch, time, heads, key channels).
+    """
+    handles = []
+    for layer, mixer in enumerate(ssm_mixers(model)):
+        name = type(mixer).__name__
+        sink.append([])
+
+        if name == "NemotronHMamba2Mixer":
+
+            def hook(module, args, out, layer=layer, mixer=mixer):
+                raw = out[..., -mixer.num_heads :].float()
+                dt = torch.nn.functional.softplus(raw + mixer.dt_bias.float())
+                dt = dt.clamp(min=mixer.time_step_limit[0], max=mixer.time_step_limit[1])
+                sink[layer].append((-torch.exp(mixer.A_log.float()) * dt).cpu())
+
+            handles.append(mixer.in_proj.register_forward_hook(hook))
+        elif name == "Qwen3_5GatedDeltaNet":
+
+            def hook(module, args, out, layer=layer, mixer=mixer):
+                g = -mixer.A_log.float().exp() * torch.nn.functional.softplus(out.float() + mixer.dt_bias.float())
+                sink[layer].append(g.cpu())
+
+            handles.append(mixer.in_proj_a.register_forward_hook(hook))
+        else:
+
+            def hook(module, args, out, layer=layer):
+                sink[layer].append(out.float().cpu())
+
+            handles.append(mixer.forget_gate.register_forward_hook(hook))
+    return handles
+
+
+@torch.no_grad()
+def decay_spectrum(model, ids: torch.Tensor, seq_len: int, batch: int, windows: int, device) -> dict:
+    """Per layer and head: the per-token decay and memory length on held-out windows of ``ids``.
+
+    A head's decay is the geometric mean over tokens of its per-token decay
+    (``exp`` of the mean log decay); its memory is ``-1 / mean log decay``,
+    the number of tokens after which a write has faded to 1/e. For KDA, whose
+    decay is per key channel, the head's figures are those of its median
+    channel, and ``slow_channels`` counts channels above 0.95.
+    """
+    model.eval()
+    sink: list = []
+    handles = _log_decay_hooks(model, sink)
+    try:
+        starts = [r * seq_len for r in range(min(windows, (ids.numel() - 1) // seq_len))]
+        for s in range(0, len(starts), batch):
+            x = torch.stack([ids[a : a + seq_len] for a in starts[s : s + batch]]).to(device)
+            model(input_ids=x, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    layers = []
+    kinds = [type(m).__name__ for m in ssm_mixers(model)]
+    for layer, (kind, parts) in enumerate(zip(kinds, sink)):
+        g = torch.cat([p.flatten(0, 1) for p in parts])  # (tokens, heads[, channels])
+        heads = []
+        for h in range(g.shape[1]):
+            gh = g[:, h].double()
+            if gh.ndim == 2:  # KDA: per channel
+                channel = gh.mean(0)
+                mean = channel.median().item()
+                extra = {
+                    "slow_channels": int((channel.exp() > 0.95).sum()),
+                    "channels": channel.numel(),
+                    "channel_decay_min": channel.min().exp().item(),
+                    "channel_decay_max": channel.max().exp().item(),
+                }
+                per_token = gh.median(1).values
+            else:
+                mean, extra, per_token = gh.mean().item(), {}, gh
+            q = torch.quantile(per_token.exp(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+            heads.append({
+                "head": h,
+                "decay": math.exp(mean),
+                "memory_tokens": -1.0 / mean if mean < 0 else math.inf,
+                "decay_p10": q[0],
+                "decay_median": q[1],
+                "decay_p90": q[2],
+                **extra,
+            })
+        layers.append({"ssm_layer": layer, "mixer": kind, "heads": heads})
+    decays = [h["decay"] for layer in layers for h in layer["heads"]]
+    slow = sum(d > 0.95 for d in decays)
+    model.train()
+    return {
+        "tokens_per_head": int(sum(p.shape[0] * p.shape[1] for p in sink[0])) if sink else 0,
+        "heads": len(decays),
+        "heads_above_0.95": slow,
+        "fraction_above_0.95": slow / max(1, len(decays)),
+        "layers": layers,
+    }
+
+
+@contextlib.contextmanager
+def ssm_state_reset(model, every: int):
+    """Inside the block, every SSM layer starts from an empty state every ``every`` tokens.
+
+    Each SSM mixer's forward runs on consecutive ``every``-token slices of
+    its input, each with no cache: the recurrent state and the short
+    convolution's window start empty at every slice boundary, exactly as if
+    the layer's whole cache were cleared there. The attention layers and the
+    MLPs still see the full sequence, so only the SSM layers' memory is cut.
+    For full-sequence forwards without a cache (training-style calls).
+    """
+    patched = []
+    for mixer in ssm_mixers(model):
+        forward = mixer.forward
+
+        def sliced(hidden_states, *args, _forward=forward, **kwargs):
+            if kwargs.get("cache_params") is not None or args:
+                raise RuntimeError("ssm_state_reset works on forwards without a cache")
+            mask = kwargs.pop("attention_mask", None)
+            t = hidden_states.shape[1]
+            outs = []
+            for s in range(0, t, every):
+                m = mask[:, s : s + every] if isinstance(mask, torch.Tensor) and mask.ndim == 2 else mask
+                outs.append(_forward(hidden_states[:, s : s + every], attention_mask=m, **kwargs))
+            return torch.cat(outs, dim=1)
+
+        mixer.forward = sliced
+        patched.append(mixer)
+    try:
+        yield model
+    finally:
+        for mixer in patched:
+            del mixer.forward  # back to the class's forward
 
 
 # --------------------------------------------------------------------------
@@ -400,15 +695,135 @@ def save_tokenizer(data_dir: Path, out: Path) -> None:
     tok.save_pretrained(out)
 
 
+def _recall_tasks():
+    """The sibling module ``recall_tasks`` (this file runs as a script or is loaded by path)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import recall_tasks
+
+    return recall_tasks
+
+
+def recall_accuracy(model, vocab, heldout, contexts, count: int, seed: int, device, batch: int, reset: int | None = None) -> dict:
+    """Exact-match accuracy of the probe tasks at each context, with the full state or reset every ``reset`` tokens."""
+    rt = _recall_tasks()
+    model.eval()
+    out = {}
+    for context in contexts:
+        row = {}
+        for task in rt.PROBE_TASKS:
+            probes = rt.probe_set(vocab, heldout, task, context, count, seed)
+            with ssm_state_reset(model, reset) if reset else contextlib.nullcontext():
+                hits = rt.exact_match(model, probes, device, batch=batch)
+            row[task] = sum(hits) / len(hits)
+        row["mean"] = sum(row[t] for t in rt.PROBE_TASKS) / len(rt.PROBE_TASKS)
+        out[str(context)] = row
+    model.train()
+    return out
+
+
+def heldout_bits_per_byte(model, data, manifest, seq_len: int, batch: int, windows: int, device, reset: int | None = None) -> dict:
+    """Held-out loss on the first ``windows`` windows (0: all), with the full state or reset every ``reset`` tokens."""
+    with ssm_state_reset(model, reset) if reset else contextlib.nullcontext():
+        nats, tokens = evaluate(model, data["heldout"], seq_len, batch, device, amp=False, max_seqs=windows or None)
+    held = manifest["streams"]["heldout"]
+    held_bytes = held["bytes"] * tokens / held["tokens"] if windows else held["bytes"]
+    return {"tokens_scored": tokens, "loss_nats_per_token": nats / tokens, "bits_per_byte": nats / math.log(2) / held_bytes}
+
+
+def measure(model, data, manifest, vocab, args, device) -> dict:
+    """Decay spectrum, the state-reset ablation and recall of a model (what issue 50's cards report)."""
+    t0 = time.time()
+    contexts = [int(c) for c in args.recall_contexts]
+    spectrum = decay_spectrum(model, data["heldout"], args.seq_len, args.batch, args.spectrum_windows, device)
+    full = heldout_bits_per_byte(model, data, manifest, args.seq_len, args.batch, args.ablate_windows, device)
+    reset = heldout_bits_per_byte(model, data, manifest, args.seq_len, args.batch, args.ablate_windows, device,
+                                  reset=args.reset_every)
+    heldout = data["heldout"].numpy()
+    kw = {"count": args.recall_count, "seed": args.seed, "device": device, "batch": args.recall_batch}
+    recall_full = recall_accuracy(model, vocab, heldout, contexts, **kw)
+    recall_reset = recall_accuracy(model, vocab, heldout, contexts, reset=args.reset_every, **kw)
+    rt = _recall_tasks()
+    return {
+        "seconds": time.time() - t0,
+        "spectrum": spectrum,
+        "ablation": {
+            "reset_every": args.reset_every,
+            "how": "each SSM mixer runs on consecutive reset_every-token slices without a cache (recurrent "
+                   "state and conv window empty at each slice start); attention and MLPs see the full window",
+            "windows": args.ablate_windows,
+            "seq_len": args.seq_len,
+            "full": full,
+            "reset": reset,
+            "gap_bits_per_byte": reset["bits_per_byte"] - full["bits_per_byte"],
+        },
+        "recall": {
+            "tasks": list(rt.PROBE_TASKS),
+            "count_per_task": args.recall_count,
+            "seed": args.seed,
+            "format_version": rt.FORMAT_VERSION,
+            "haystack": "held-out split (heldout.bin), contiguous slices",
+            "scoring": "exact match of the answer span, teacher-forced first choices (= greedy decoding)",
+            "full": recall_full,
+            "reset": recall_reset,
+        },
+    }
+
+
+def load_trained(path: Path, device):
+    """A saved checkpoint in fp32, eval mode, offline."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    return model.to(device).eval()
+
+
+def probe_checkpoint(args: argparse.Namespace) -> None:
+    """The ``spectrum`` and ``ablate`` subcommands: measure a saved checkpoint."""
+    rt = _recall_tasks()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    manifest, data = load_data(Path(args.data))
+    model = load_trained(Path(args.checkpoint), device)
+    t0 = time.time()
+    if args.cmd == "spectrum":
+        result = decay_spectrum(model, data["heldout"], args.seq_len, args.batch, args.spectrum_windows, device)
+        for layer in result["layers"]:
+            print(f"SSM layer {layer['ssm_layer']} ({layer['mixer']}): "
+                  + " ".join(f"{h['decay']:.3f}/{h['memory_tokens']:.0f}" for h in layer["heads"]))
+        print(f"{result['heads_above_0.95']} of {result['heads']} heads decay slower than 0.95 per token")
+    else:
+        vocab = rt.TaskVocab.from_file(Path(args.data) / "tokenizer.json")
+        result = measure(model, data, manifest, vocab, args, device)
+        ab = result["ablation"]
+        print(f"held-out bits/byte: full {ab['full']['bits_per_byte']:.4f}, reset every {ab['reset_every']}: "
+              f"{ab['reset']['bits_per_byte']:.4f} (gap {ab['gap_bits_per_byte']:+.4f})")
+        for kind in ("full", "reset"):
+            print(f"recall ({kind}): " + ", ".join(f"{c}: {r['mean']:.1%}" for c, r in result["recall"][kind].items()))
+    result = {
+        "checkpoint": str(args.checkpoint),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "wall_seconds": time.time() - t0,
+        args.cmd: result,
+    }
+    out = Path(args.out) if args.out else Path(args.checkpoint) / f"{args.cmd}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def train(args: argparse.Namespace) -> None:
     import transformers
 
+    rt = _recall_tasks()
+    t_wall = time.time()
     data_dir = Path(args.data)
     manifest, data = load_data(data_dir)
     vocab = manifest["vocab_size"]
     from tokenizers import Tokenizer
 
     eos_id = Tokenizer.from_file(str(data_dir / "tokenizer.json")).token_to_id(EOS)
+    task_vocab = rt.TaskVocab.from_file(data_dir / "tokenizer.json") if args.task_mix or args.measure else None
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     amp = device.type == "cuda" and not args.no_amp
@@ -416,9 +831,14 @@ def train(args: argparse.Namespace) -> None:
     random.seed(args.seed)
     np.random.seed(args.seed)
 
-    restore_scan = use_fast_training_scan() if args.family == "nemotron_h" and not args.reference_scan else None
-    config = build_config(args.family, vocab, eos_id, args.size)
-    model = build_model(args.family, config).to(device)
+    restore_scan = None
+    if not args.reference_scan:
+        restore_scan = {"nemotron_h": use_fast_training_scan,
+                        "kimi_linear": use_fast_kda_training}.get(args.family, lambda: None)()
+    config = build_config(args.family, vocab, eos_id, args.size, args.attention)
+    model = build_model(args.family, config)
+    decay_init = init_decays(model, args.decay_init, args.slow_fraction, tuple(args.slow_memory), args.seed)
+    model = model.to(device)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.family}: {n_params / 1e6:.2f}M parameters, transformers {transformers.__version__}, "
@@ -433,6 +853,8 @@ def train(args: argparse.Namespace) -> None:
     )
 
     train_ids = data["train"]
+    train_np = train_ids.numpy()
+    heldout_np = data["heldout"].numpy()
     gen = torch.Generator().manual_seed(args.seed)
     max_start = train_ids.numel() - args.seq_len - 1
     offsets = torch.arange(args.seq_len + 1)
@@ -447,12 +869,15 @@ def train(args: argparse.Namespace) -> None:
     curve = []
     t_start = time.time()
     t_measure = None
-    last_print = time.time()
-    running = 0.0
     step = 0
+    synthetic_rows = 0
     while step < planned:
         starts = torch.randint(0, max_start, (args.batch,), generator=gen)
-        chunk = train_ids[starts[:, None] + offsets].to(device, non_blocking=True)
+        chunk = train_ids[starts[:, None] + offsets]
+        if args.task_mix:
+            # Seeded per (step, row): a run with the same seed sees the same documents.
+            synthetic_rows += len(rt.mix_batch(task_vocab, train_np, chunk, args.task_mix, args.seed, step))
+        chunk = chunk.to(device, non_blocking=True)
         x, y = chunk[:, :-1], chunk[:, 1:]
         lr = lr_at(step, planned if total is not None else max(planned, args.warmup), args.lr, args.warmup)
         for g in opt.param_groups:
@@ -492,6 +917,12 @@ def train(args: argparse.Namespace) -> None:
                 nats, n = evaluate(model, data["heldout"], args.seq_len, args.batch, device, amp,
                                    max_seqs=args.eval_seqs)
                 entry["heldout_loss"] = nats / n
+                if args.task_mix and args.eval_recall:
+                    # A quick look at the skill being trained: needle probes at the training length.
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                        r = recall_accuracy(model, task_vocab, heldout_np, [min(args.seq_len, 1024)], args.eval_recall,
+                                            args.seed + 1, device, args.recall_batch)
+                    entry["recall"] = next(iter(r.values()))["mean"]
             curve.append(entry)
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items()),
                   flush=True)
@@ -514,6 +945,7 @@ def train(args: argparse.Namespace) -> None:
     bpb = held_nats / math.log(2) / held_bytes
     base = unigram_bits_per_byte(train_ids, data["heldout"][1:], vocab, manifest["streams"]["heldout"]["bytes"])
     byte_bpb = manifest["byte_unigram_bits_per_byte"]
+    measured = measure(model, data, manifest, task_vocab, args, device) if args.measure else None
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -528,28 +960,56 @@ def train(args: argparse.Namespace) -> None:
     model.to(torch.float32)
     samples = {p: generate_sample(model, tokenizer, p, args.sample_tokens, device) for p in SAMPLE_PROMPTS}
 
+    reproduce = (f"--steps {step} --seed {args.seed} --batch {args.batch} --seq-len {args.seq_len} --lr {args.lr}"
+                 f" --size {args.size} --attention {args.attention}")
+    if args.task_mix:
+        reproduce += f" --task-mix {args.task_mix}"
+    if args.decay_init != "stock":
+        reproduce += (f" --decay-init {args.decay_init} --slow-fraction {args.slow_fraction}"
+                      f" --slow-memory {args.slow_memory[0]:g} {args.slow_memory[1]:g}")
     record = {
         "family": args.family,
         "model_class": type(model).__name__,
         "parameters": n_params,
         "config": {k: v for k, v in model.config.to_diff_dict().items() if k != "transformers_version"},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "reproduce": f"--steps {step} --seed {args.seed} --batch {args.batch} --seq-len {args.seq_len} --lr {args.lr}",
+        "reproduce": reproduce,
         "seed": args.seed,
+        "seeds": {
+            "training": args.seed,
+            "data_split": manifest["split_seed"],
+            "synthetic_documents": f"random.Random(f'{args.seed}:mix:{{step}}:{{row}}')",
+            "decay_init": decay_init.get("seed"),
+        },
+        "size": args.size,
+        "attention": args.attention,
+        "decay_init": decay_init,
         "steps": step,
         "batch": args.batch,
         "seq_len": args.seq_len,
         "tokens_seen": tokens_seen,
         "train_epochs": tokens_seen / train_ids.numel(),
         "train_seconds": train_s,
+        "wall_seconds": None,  # set below, once everything has run
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "autocast_bf16": amp,
-        "training_scan": "transformers" if restore_scan is None else "train_small.ssd_chunk_scan",
+        "training_scan": "transformers" if restore_scan is None else {
+            "nemotron_h": "train_small.ssd_chunk_scan",
+            "kimi_linear": f"transformers' chunk_kimi_delta_attention with chunk_size={KDA_TRAINING_CHUNK}",
+        }[args.family],
         "saved_dtype": args.save_dtype,
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "data": {k: manifest[k] for k in ("python", "split_seed", "heldout_fraction", "vocab_size",
                                           "tokenizer_sha256", "streams")},
+        "data_recipe": {
+            "text": "train split of the stdlib corpus, uniformly random windows of seq_len + 1 tokens",
+            "synthetic_fraction": args.task_mix,
+            "synthetic_rows": synthetic_rows,
+            "synthetic_kinds": list(rt.TRAINING_KINDS) if args.task_mix else [],
+            "synthetic_formats": f"benchmarks/recall_tasks.py, format version {rt.FORMAT_VERSION}",
+            "synthetic_filler": "train split",
+        },
         "heldout": {
             "tokens_scored": held_tokens,
             "loss_nats_per_token": held_loss,
@@ -561,16 +1021,75 @@ def train(args: argparse.Namespace) -> None:
         "samples": samples,
         "curve": curve,
     }
+    if measured is not None:
+        record["measured"] = measured
+    record["wall_seconds"] = time.time() - t_wall
     (out / "train_small.json").write_text(json.dumps(record, indent=1) + "\n")
+    if args.size == "testbed" and not (out / "README.md").exists():
+        (out / "README.md").write_text(card(record))
     print(f"saved {out}: held-out loss {held_loss:.4f} nats/token, {bpb:.3f} bits/byte "
           f"(token unigram {base['token_unigram_bits_per_byte']:.3f}"
           f", byte unigram {byte_bpb:.3f}), {tokens_seen / 1e6:.1f}M tokens "
           f"in {train_s:.0f}s", flush=True)
+    if measured is not None:
+        ab, sp, rc = measured["ablation"], measured["spectrum"], measured["recall"]
+        print(f"state reset every {ab['reset_every']}: {ab['reset']['bits_per_byte']:.4f} bits/byte "
+              f"(gap {ab['gap_bits_per_byte']:+.4f}); {sp['heads_above_0.95']} of {sp['heads']} heads above 0.95")
+        for kind in ("full", "reset"):
+            print(f"recall ({kind}): " + ", ".join(f"{c}: {r['mean']:.1%}" for c, r in rc[kind].items()))
     for p, s in samples.items():
         print(f"--- sample ({p!r}) ---\n{s}\n---")
 
 
+def card(record: dict) -> str:
+    """A first model card from a run's record (facts only; the prose is written by hand)."""
+    h = record["heldout"]
+    lines = [
+        f"# {record['family']} testbed checkpoint",
+        "",
+        f"* **Class**: `{record['model_class']}`, {record['parameters']:,} parameters, saved in {record['saved_dtype']}.",
+        f"* **Command**: `{record['command']}`",
+        f"* **Reproduce**: `{record['reproduce']}`",
+        f"* **Seeds**: {json.dumps(record['seeds'])}",
+        f"* **Data**: {json.dumps(record['data_recipe'])}",
+        f"* **Decay initialisation**: {record['decay_init']['mode']}",
+        (f"* **Training**: {record['steps']} steps x {record['batch']} x {record['seq_len']} tokens "
+         f"({record['tokens_seen'] / 1e6:.1f}M), {record['train_seconds']:.0f} s on {record['device']} "
+         f"(wall {record['wall_seconds']:.0f} s), torch {record['versions']['torch']}, "
+         f"transformers {record['versions']['transformers']}"),
+        f"* **Held-out**: {h['bits_per_byte']:.4f} bits/byte (token unigram {h['token_unigram_bits_per_byte']:.4f})",
+    ]
+    m = record.get("measured")
+    if m:
+        ab, sp = m["ablation"], m["spectrum"]
+        lines += [
+            (f"* **State reset every {ab['reset_every']} tokens**: {ab['reset']['bits_per_byte']:.4f} "
+             f"bits/byte (gap {ab['gap_bits_per_byte']:+.4f})"),
+            f"* **Slow heads**: {sp['heads_above_0.95']} of {sp['heads']} with per-token decay above 0.95",
+            "",
+            "| context | recall (full state) | recall (reset) |",
+            "|---|---|---|",
+        ]
+        for c, r in m["recall"]["full"].items():
+            lines.append(f"| {c} | {r['mean']:.1%} | {m['recall']['reset'][c]['mean']:.1%} |")
+        lines += ["", "| SSM layer | head | decay | memory (tokens) |", "|---|---|---|---|"]
+        for layer in sp["layers"]:
+            for hd in layer["heads"]:
+                lines.append(f"| {layer['ssm_layer']} | {hd['head']} | {hd['decay']:.4f} | {hd['memory_tokens']:.0f} |")
+    lines += ["", "Loss curve: `curve` in `train_small.json`.", ""]
+    return "\n".join(lines)
+
+
 SAMPLE_PROMPTS = ("def ", "class ", "import os\n\n")
+
+
+def _measure_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spectrum-windows", type=int, default=16, help="held-out windows the decay spectrum reads")
+    p.add_argument("--ablate-windows", type=int, default=64, help="held-out windows of the reset ablation (0: all)")
+    p.add_argument("--reset-every", type=int, default=64, help="tokens between SSM state resets in the ablation")
+    p.add_argument("--recall-contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    p.add_argument("--recall-count", type=int, default=32, help="probes per task and context")
+    p.add_argument("--recall-batch", type=int, default=8)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -585,30 +1104,59 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(fn=prepare)
 
     t = sub.add_parser("train", help="train one model on prepared data")
-    t.add_argument("--family", choices=("nemotron_h", "qwen3_5"), required=True)
+    t.add_argument("--family", choices=tuple(FAMILIES), required=True)
     t.add_argument("--data", required=True)
     t.add_argument("--out", required=True)
-    t.add_argument("--size", choices=("small", "tiny"), default="small")
+    t.add_argument("--size", choices=SIZES, default="small")
+    t.add_argument("--attention", choices=("middle", "first"), default="middle",
+                   help="where the one attention layer goes (first: recall must use the SSM state)")
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--time-budget", type=float, default=None, help="seconds; fixes --steps from the step time")
     t.add_argument("--batch", type=int, default=64)
-    t.add_argument("--seq-len", type=int, default=512)
+    t.add_argument("--seq-len", type=int, default=512, help="training context (issue 50's checkpoints: 2048)")
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--warmup", type=int, default=100)
     t.add_argument("--weight-decay", type=float, default=0.1)
     t.add_argument("--clip", type=float, default=1.0)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--task-mix", type=float, default=0.0,
+                   help="fraction of training sequences replaced by synthetic recall documents (recall_tasks.py)")
+    t.add_argument("--decay-init", choices=("stock", "long"), default="stock",
+                   help="long: part of the SSM heads start with long memory (see init_decays)")
+    t.add_argument("--slow-fraction", type=float, default=0.5, help="with --decay-init long: share of slow heads")
+    t.add_argument("--slow-memory", type=float, nargs=2, default=[64.0, 2048.0],
+                   help="with --decay-init long: range of the slow heads' memory at init, tokens")
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--eval-every", type=int, default=500)
     t.add_argument("--eval-seqs", type=int, default=64)
+    t.add_argument("--eval-recall", type=int, default=8,
+                   help="with --task-mix: probes per task scored at each evaluation (0: none)")
     t.add_argument("--final-eval-seqs", type=int, default=0, help="0: the whole held-out split (smoke tests: fewer)")
     t.add_argument("--sample-tokens", type=int, default=96)
     t.add_argument("--save-dtype", choices=("bf16", "fp32"), default="bf16")
     t.add_argument("--device", default=None)
     t.add_argument("--no-amp", action="store_true")
     t.add_argument("--reference-scan", action="store_true",
-                   help="train Nemotron-H with transformers' own (slow) PyTorch scan")
+                   help="train with transformers' own (slow) scans (Nemotron-H's SSD, KDA's chunk of 64)")
+    t.add_argument("--measure", action="store_true",
+                   help="after training, measure the decay spectrum, the state-reset ablation and recall")
+    _measure_args(t)
     t.set_defaults(fn=train)
+
+    for name, about in (
+        ("spectrum", "per-token decay and memory length of every SSM head of a checkpoint"),
+        ("ablate", "held-out bits/byte and recall, full state vs SSM state reset every N tokens"),
+    ):
+        m = sub.add_parser(name, help=about)
+        m.add_argument("--checkpoint", required=True)
+        m.add_argument("--data", required=True, help="the prepare directory (held-out stream, tokenizer)")
+        m.add_argument("--seq-len", type=int, default=2048)
+        m.add_argument("--batch", type=int, default=8)
+        m.add_argument("--seed", type=int, default=0)
+        m.add_argument("--device", default=None)
+        m.add_argument("--out", default=None, help=f"default: <checkpoint>/{name}.json")
+        _measure_args(m)
+        m.set_defaults(fn=probe_checkpoint)
 
     args = ap.parse_args(argv)
     args.fn(args)
