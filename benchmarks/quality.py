@@ -222,15 +222,15 @@ def recall_probes(tokenizer, contexts, tasks, count: int, seed: int) -> dict:
 
 
 @torch.no_grad()
-def recall_hits(model, probes, feed: str, prompt_len: int, batch: int, pad_id: int) -> list[bool]:
-    """Exact match of each probe's answer through the decode path (probes of one context length).
+def recall_answer_logits(model, probes, feed: str, prompt_len: int, batch: int, pad_id: int) -> list[torch.Tensor]:
+    """Each probe's logits at its answer positions (answer length x vocab), through the decode path.
 
     ``feed='prefill'``: the whole prompt in one forward; ``'stream'``: its
     first ``prompt_len`` tokens in one forward and the rest one token per
     forward, as generated text would go. The answer tokens follow one per
-    forward either way.
+    forward either way (teacher-forced). All probes share one context length.
     """
-    hits: list[bool] = []
+    out: list[torch.Tensor] = []
     for s in range(0, len(probes), batch):
         group = probes[s : s + batch]
         prompt = torch.tensor([p.prompt for p in group])
@@ -244,10 +244,14 @@ def recall_hits(model, probes, feed: str, prompt_len: int, batch: int, pad_id: i
             logits = logits[:, rest.shape[1] :]
         else:
             logits, _ = decode(model, prompt, width, forced=answers)
-        first = logits.argmax(-1)
-        for i, p in enumerate(group):
-            hits.append(bool((first[i, : len(p.answer)] == answers[i, : len(p.answer)]).all()))
-    return hits
+        out.extend(logits[i, : len(p.answer)] for i, p in enumerate(group))
+    return out
+
+
+def recall_hits(model, probes, feed: str, prompt_len: int, batch: int, pad_id: int) -> list[bool]:
+    """Exact match of each probe's answer: every answer token the first choice (what greedy decoding gives)."""
+    logits = recall_answer_logits(model, probes, feed, prompt_len, batch, pad_id)
+    return [bool((lg.argmax(-1) == torch.tensor(p.answer)).all()) for lg, p in zip(logits, probes)]
 
 
 def score_recall(model, probes_by_context: dict, feed: str, prompt_len: int, batch: int, pad_id: int) -> dict:

@@ -281,11 +281,17 @@ def test_state_reset_cuts_only_ssm_memory(family):
 
 @pytest.mark.hf
 def test_quality_recall_path_matches_a_full_forward(vocab, filler):
-    """quality.py scores probes through the decode path (prefill or token by token) as a full forward does."""
+    """quality.py's recall path (prefill, or token by token) gives a full forward's logits at the answer positions."""
     quality = _load("quality")
     model, tokenizer = quality.load_checkpoint(ROOT / "checkpoints" / "qwen3_5_small", torch.device("cpu"))
     probes = [p for task in rt.PROBE_TASKS for p in rt.probe_set(vocab, filler, task, 96, 1, seed=1)]
     eos = tokenizer.eos_token_id
-    full = rt.exact_match(model, probes, "cpu", batch=3, pad_id=eos)
-    assert quality.recall_hits(model, probes, "prefill", 64, 3, eos) == full
-    assert quality.recall_hits(model, probes, "stream", 64, 3, eos) == full
+    with torch.no_grad():
+        full = [model(input_ids=torch.tensor([p.ids])).logits[0, p.answer_start - 1 : len(p.ids) - 1] for p in probes]
+    for feed in ("prefill", "stream"):
+        got = quality.recall_answer_logits(model, probes, feed, 64, 3, eos)
+        for g, f, p in zip(got, full, probes):
+            assert g.shape == (len(p.answer), model.config.vocab_size)
+            torch.testing.assert_close(g, f.float(), atol=2e-4, rtol=2e-4, msg=f"{feed}, {p.task}")
+    hits = quality.recall_hits(model, probes, "prefill", 64, 3, eos)
+    assert hits == rt.exact_match(model, probes, "cpu", batch=3, pad_id=eos)
