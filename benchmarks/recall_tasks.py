@@ -351,16 +351,17 @@ def mix_batch(vocab: TaskVocab, filler, rows, fraction: float, seed: int, step: 
 # scoring with one forward
 
 
-def exact_match(model, probes: list[Probe], device, batch: int = 8, pad_id: int = 0) -> list[bool]:
-    """Whether the model's first choice is every answer token, teacher-forced, one full forward per batch.
+def answer_scores(model, probes: list[Probe], device, batch: int = 8, pad_id: int = 0) -> list[tuple[bool, int]]:
+    """Per probe: (exact match, answer tokens that are the first choice), teacher-forced, one full forward per batch.
 
-    Equal to exact match of greedy decoding: greedy decoding reproduces the
+    Exact match equals that of greedy decoding: greedy decoding reproduces the
     answer exactly when every answer token is the first choice given the
-    answer tokens before it.
+    answer tokens before it. The token count is the finer signal while a
+    model is still learning the tasks (a 4-digit value is several tokens).
     """
     import torch
 
-    out: list[bool] = []
+    out: list[tuple[bool, int]] = []
     for s in range(0, len(probes), batch):
         group = probes[s : s + batch]
         width = max(len(p.ids) for p in group)
@@ -372,6 +373,11 @@ def exact_match(model, probes: list[Probe], device, batch: int = 8, pad_id: int 
         first = logits.argmax(-1).cpu()
         for i, p in enumerate(group):
             # the logits at position t predict token t + 1
-            predicted = first[i, p.answer_start - 1 : len(p.ids) - 1]
-            out.append(bool((predicted == torch.tensor(p.answer)).all()))
+            right = first[i, p.answer_start - 1 : len(p.ids) - 1] == torch.tensor(p.answer)
+            out.append((bool(right.all()), int(right.sum())))
     return out
+
+
+def exact_match(model, probes: list[Probe], device, batch: int = 8, pad_id: int = 0) -> list[bool]:
+    """Whether the model's first choice is every answer token (:func:`answer_scores`)."""
+    return [exact for exact, _ in answer_scores(model, probes, device, batch, pad_id)]

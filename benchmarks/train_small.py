@@ -711,13 +711,16 @@ def recall_accuracy(model, vocab, heldout, contexts, count: int, seed: int, devi
     model.eval()
     out = {}
     for context in contexts:
-        row = {}
+        row, right, tokens = {}, 0, 0
         for task in rt.PROBE_TASKS:
             probes = rt.probe_set(vocab, heldout, task, context, count, seed)
             with ssm_state_reset(model, reset) if reset else contextlib.nullcontext():
-                hits = rt.exact_match(model, probes, device, batch=batch)
-            row[task] = sum(hits) / len(hits)
+                scores = rt.answer_scores(model, probes, device, batch=batch)
+            row[task] = sum(exact for exact, _ in scores) / len(scores)
+            right += sum(n for _, n in scores)
+            tokens += sum(len(p.answer) for p in probes)
         row["mean"] = sum(row[t] for t in rt.PROBE_TASKS) / len(rt.PROBE_TASKS)
+        row["answer_tokens"] = right / tokens
         out[str(context)] = row
     model.train()
     return out
@@ -799,7 +802,8 @@ def probe_checkpoint(args: argparse.Namespace) -> None:
         print(f"held-out bits/byte: full {ab['full']['bits_per_byte']:.4f}, reset every {ab['reset_every']}: "
               f"{ab['reset']['bits_per_byte']:.4f} (gap {ab['gap_bits_per_byte']:+.4f})")
         for kind in ("full", "reset"):
-            print(f"recall ({kind}): " + ", ".join(f"{c}: {r['mean']:.1%}" for c, r in result["recall"][kind].items()))
+            print(f"recall ({kind}): " + ", ".join(f"{c}: {r['mean']:.1%} ({r['answer_tokens']:.1%} of answer tokens)"
+                                                  for c, r in result["recall"][kind].items()))
     result = {
         "checkpoint": str(args.checkpoint),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -922,7 +926,8 @@ def train(args: argparse.Namespace) -> None:
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                         r = recall_accuracy(model, task_vocab, heldout_np, [min(args.seq_len, 1024)], args.eval_recall,
                                             args.seed + 1, device, args.recall_batch)
-                    entry["recall"] = next(iter(r.values()))["mean"]
+                    row = next(iter(r.values()))
+                    entry["recall"], entry["answer_tokens"] = row["mean"], row["answer_tokens"]
             curve.append(entry)
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items()),
                   flush=True)
@@ -1036,7 +1041,8 @@ def train(args: argparse.Namespace) -> None:
         print(f"state reset every {ab['reset_every']}: {ab['reset']['bits_per_byte']:.4f} bits/byte "
               f"(gap {ab['gap_bits_per_byte']:+.4f}); {sp['heads_above_0.95']} of {sp['heads']} heads above 0.95")
         for kind in ("full", "reset"):
-            print(f"recall ({kind}): " + ", ".join(f"{c}: {r['mean']:.1%}" for c, r in rc[kind].items()))
+            print(f"recall ({kind}): " + ", ".join(f"{c}: {r['mean']:.1%} ({r['answer_tokens']:.1%} of answer tokens)"
+                                              for c, r in rc[kind].items()))
     for p, s in samples.items():
         print(f"--- sample ({p!r}) ---\n{s}\n---")
 
@@ -1067,11 +1073,12 @@ def card(record: dict) -> str:
              f"bits/byte (gap {ab['gap_bits_per_byte']:+.4f})"),
             f"* **Slow heads**: {sp['heads_above_0.95']} of {sp['heads']} with per-token decay above 0.95",
             "",
-            "| context | recall (full state) | recall (reset) |",
-            "|---|---|---|",
+            "| context | recall (full state) | recall (reset) | answer tokens right (full / reset) |",
+            "|---|---|---|---|",
         ]
         for c, r in m["recall"]["full"].items():
-            lines.append(f"| {c} | {r['mean']:.1%} | {m['recall']['reset'][c]['mean']:.1%} |")
+            reset = m["recall"]["reset"][c]
+            lines.append(f"| {c} | {r['mean']:.1%} | {reset['mean']:.1%} | {r['answer_tokens']:.1%} / {reset['answer_tokens']:.1%} |")
         lines += ["", "| SSM layer | head | decay | memory (tokens) |", "|---|---|---|---|"]
         for layer in sp["layers"]:
             for hd in layer["heads"]:

@@ -167,8 +167,10 @@ def test_exact_match_scores_the_answer_span(vocab, filler):
     probes = [p for task in rt.PROBE_TASKS for p in rt.probe_set(vocab, filler, task, 96, 2)]
     future = {tuple(p.ids[:8]): p.ids for p in probes}
     assert all(rt.exact_match(_Oracle(future), probes, "cpu", batch=4))
-    # Wrong on the last answer token only: every probe misses.
+    # Wrong on the last answer token only: every probe misses, with all its other answer tokens right.
     assert not any(rt.exact_match(_Oracle(future, wrong=True), probes, "cpu", batch=4))
+    scores = rt.answer_scores(_Oracle(future, wrong=True), probes, "cpu", batch=4)
+    assert [n for _, n in scores] == [len(p.answer) - 1 for p in probes]
 
 
 # --------------------------------------------------------------------------
