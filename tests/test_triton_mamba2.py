@@ -12,12 +12,17 @@ import torch
 from _triton_devices import DEVICES, DEVICES_OVERLAP
 from naive import NaiveMamba2, rel_err
 
+from replayssm.ops import replay_math
 from replayssm.ops.commit import reference as commit_ref
 from replayssm.ops.mamba2 import reference as mamba2_ref
 from replayssm.ops.launch import LaunchConfig
 
 kernels = pytest.importorskip("replayssm.ops.mamba2.kernels", reason="needs Triton")
 conventional = pytest.importorskip("replayssm.ops.mamba2.conventional", reason="needs Triton")
+import triton  # noqa: E402 (after the skip: Triton is there)
+import triton.language as tl  # noqa: E402
+
+from replayssm.ops import triton_helpers  # noqa: E402
 
 
 # (batch, heads, head_dim, state_size, groups, window), input dtype, checkpoint dtype,
@@ -469,3 +474,77 @@ def test_token_block_prefetch_depth():
     for stages in (1, 6):
         with pytest.raises(ValueError, match="'tokens_prefetched' form takes num_stages 2 to 5"):
             form("tokens_prefetched", stages)
+
+
+# --- the fp8 e4m3 read copy's quantisation (the flush launch's; tests/test_read_copy.py has the steps) ---
+
+FP8 = torch.float8_e4m3fn
+
+
+def _bits(t):
+    return t.view(torch.uint8)  # (torch.equal has no fp8 kernel on the CPU)
+
+
+def _e4m3_cases():
+    """fp32 values at every kind of e4m3 rounding decision: each finite e4m3 value, the midpoints between
+    neighbours (ties: to even) and their fp32 neighbours, the subnormal range (grid 2^-9), zeros of both
+    signs, values past 448 (saturated), and random draws of many magnitudes."""
+    grid = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    grid = grid[torch.isfinite(grid)].sort().values
+    mid = (grid[1:] + grid[:-1]) / 2
+    up, down = torch.full_like(mid, 1e9), torch.full_like(mid, -1e9)
+    gen = torch.Generator().manual_seed(41)
+    special = torch.tensor([0.0, -0.0, 448.0, -448.0, 464.0, -464.0, 470.0, 479.9, 480.0, 1e4, -1e30, 2.0**-9, 2.0**-10, -(2.0**-10), 1e-40])
+    random = torch.randn(2048, generator=gen) * torch.exp2(torch.randint(-14, 10, (2048,), generator=gen).float())
+    return torch.cat([grid, mid, torch.nextafter(mid, up), torch.nextafter(mid, down), special, random])
+
+
+def _state_rows(gen):
+    """Rows of state_size 48 to quantise: zeros (with a -0), random, decayed (magnitudes over six decades),
+    amax 448 exactly (scale 1: the rounding cases as they are), and amax so small that amax / 448 is 0."""
+    n = 48
+    cases = _e4m3_cases()
+    exact = torch.cat([cases[: 47 * 8].view(8, 47).clamp(-448, 448), torch.full((8, 1), 448.0)], dim=1)
+    rows = [
+        torch.zeros(1, n).index_fill_(1, torch.tensor([3]), -0.0),
+        torch.randn(4, n, generator=gen),
+        torch.randn(4, n, generator=gen) * torch.exp(-torch.linspace(0, 14, n))[None, :],
+        exact,
+        torch.full((1, n), 1e-43),
+    ]
+    return torch.cat(rows)
+
+
+@triton.jit
+def _round_e4m3_kernel(p_x, p_q, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(p_q + o, triton_helpers.round_e4m3(tl.load(p_x + o, mask=o < n, other=0.0)).to(p_q.dtype.element_ty), mask=o < n)
+
+
+@triton.jit
+def _quantize_rows_kernel(p_S, p_q, p_scale, R, N, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    o_r, o_n = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_N)
+    m = (o_r[:, None] < R) & (o_n[None, :] < N)
+    b_q, b_scale = triton_helpers.quantize_rows_e4m3(tl.load(p_S + o_r[:, None] * N + o_n[None, :], mask=m, other=0.0))
+    tl.store(p_q + o_r[:, None] * N + o_n[None, :], b_q.to(p_q.dtype.element_ty), mask=m)
+    tl.store(p_scale + o_r, b_scale, mask=o_r < R)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_quantisation_in_the_kernels_is_torchs(device):
+    """``triton_helpers.round_e4m3`` and ``quantize_rows_e4m3`` (what the flush launch runs) give torch's
+    bits: round to nearest even (ties, subnormals, signed zeros), saturation at 448, scales amax / 448, and
+    a zero row (or one whose scale underflows) with scale 0 and zero values, never NaN."""
+    x = _e4m3_cases().to(device)
+    q = torch.empty(x.shape, dtype=FP8, device=device)
+    _round_e4m3_kernel[(1,)](x, q, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    assert torch.equal(_bits(q.cpu()), _bits(x.cpu().clamp(-448, 448).to(FP8)))
+
+    S = _state_rows(torch.Generator().manual_seed(42))
+    values, scale = torch.empty(S.shape, dtype=FP8, device=device), torch.full(S.shape[:1], float("nan"), device=device)
+    _quantize_rows_kernel[(1,)](S.to(device), values, scale, S.shape[0], S.shape[1], BLOCK_R=32, BLOCK_N=64)
+    expected_values, expected_scale = replay_math.quantize_rows_e4m3(S)
+    assert torch.equal(_bits(values.cpu()), _bits(expected_values)) and torch.equal(scale.cpu(), expected_scale)
+    assert float(scale[0]) == 0.0 and float(scale[-1]) == 0.0 and not bool(values.cpu().float()[[0, -1]].any())
+    assert not bool(values.cpu().float().isnan().any())
+    assert torch.equal(scale.cpu()[9:17], torch.ones(8))  # the rows of amax 448

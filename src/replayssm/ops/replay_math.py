@@ -145,16 +145,54 @@ def append_entries(rows: Tensor, start: Tensor, commit: bool, cursor: Tensor, pe
         pending.index_fill_(0, rows, num_tokens)
 
 
-def store_fold(folded: Tensor, flush: Tensor, rows: Tensor, checkpoint: Tensor, read_checkpoint: Tensor | None, state: Tensor) -> Tensor:
+def store_fold(
+    folded: Tensor, flush: Tensor, rows: Tensor, checkpoint: Tensor, read_checkpoint: Tensor | None, state: Tensor,
+    read_scale: Tensor | None = None,
+) -> Tensor:  # fmt: skip
     """Store the fold of the flushing rows and return the state the outputs read, per row.
 
-    The checkpoint (and the read copy, if any: SPEC §4) take the fold rounded to their dtypes; the
-    outputs read the read copy where there is one, else the checkpoint, as stored.
+    The checkpoint (and the read copy, if any: SPEC §4) take the fold rounded to their dtypes (an fp8
+    copy: quantised by rows, with ``read_scale``); the outputs read the read copy where there is one,
+    else the checkpoint, as stored.
     """
     stored = folded.to(checkpoint.dtype)
     checkpoint[rows[flush]] = stored[flush]
     if read_checkpoint is not None:
-        stored = folded.to(read_checkpoint.dtype)
-        read_checkpoint[rows[flush]] = stored[flush]
-        state = read_checkpoint[rows].to(folded.dtype)
+        store_read_copy(read_checkpoint, read_scale, rows[flush], folded[flush])
+        return read_copy(read_checkpoint, read_scale, rows, folded.dtype)
     return torch.where(flush[:, None, None, None], stored.to(folded.dtype), state)
+
+
+# -- the read copy (SPEC §4): 16-bit values, or fp8 e4m3 values with an fp32 scale per row -------------
+
+E4M3_MAX = 448.0
+
+
+def quantize_rows_e4m3(state: Tensor) -> tuple[Tensor, Tensor]:
+    """``state`` ``(..., N)`` as fp8 e4m3 values and an fp32 scale per row of N, from its fp32 values:
+    ``scale = amax(|row|) / 448``, ``values = RNE(row / scale)`` saturated at +-448 (torch's cast rounds
+    to nearest even). A row whose scale is 0 is divided by 1 (its values round to signed zeros). The
+    twin of ``triton_helpers.quantize_rows_e4m3``."""
+    s = state.float()
+    amax = s.abs().amax(-1)
+    # Divided by a tensor: a scalar divisor may be applied as a multiply by its reciprocal (on CUDA), not IEEE-rounded.
+    scale = amax / torch.full_like(amax, E4M3_MAX)
+    divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
+    values = (s / divisor[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return values, scale
+
+
+def store_read_copy(read_checkpoint: Tensor, read_scale: Tensor | None, index: Tensor, state: Tensor) -> None:
+    """Make ``state`` the read copy of slots ``index``: rounded to its dtype, or (with ``read_scale``)
+    quantised by rows (``quantize_rows_e4m3``)."""
+    if read_scale is None:
+        read_checkpoint[index] = state.to(read_checkpoint.dtype)
+    else:
+        read_checkpoint[index], read_scale[index] = quantize_rows_e4m3(state)
+
+
+def read_copy(read_checkpoint: Tensor, read_scale: Tensor | None, index: Tensor, dtype: torch.dtype) -> Tensor:
+    """The read copy of slots ``index`` as the steps read it, in ``dtype``: its values, times their row's
+    scale where there is one."""
+    values = read_checkpoint[index].to(dtype)
+    return values if read_scale is None else values * read_scale[index].to(dtype)[..., None]

@@ -35,6 +35,48 @@ def sigmoid(x):
 
 
 @triton.jit
+def round_like(x, p):
+    """fp32 ``x`` rounded to the element type of pointer ``p``, returned in fp32: bf16 by the bits
+    (round to nearest even; the interpreter's cast truncates, NOTES-TRITON), fp16 by a cast, wider types
+    unchanged. For finite x. (fp8 e4m3, whose values come with a scale: ``round_e4m3``.)"""
+    if p.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536: 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif p.dtype.element_ty == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def round_e4m3(x):
+    """fp32 ``x`` rounded to nearest even on fp8 e4m3's grid and saturated at +-448, in fp32 (so its
+    cast to e4m3 is exact). The interpreter's fp32 -> e4m3 cast does not round to nearest even (and
+    libdevice's rint does not run there): adding ``1.5 * 2^(e + 20)``, whose fp32 ulp is e4m3's ulp
+    ``2^(e - 3)`` at x's exponent e (at least -6, e4m3's smallest normal one), rounds |x| in the fp32
+    add, and subtracting it back is exact. The sign is copied from x, so -0 and small negative values
+    keep it, as torch's cast does."""
+    bits = x.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+    magic = (((e + 147) << 23) | 0x400000).to(tl.float32, bitcast=True)  # 1.5 * 2^(e + 20): biased e + 20 + 127
+    q = tl.minimum((tl.abs(x) + magic) - magic, 448.0)
+    return (q.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)  # -2^31: the sign bit
+
+
+@triton.jit
+def quantize_rows_e4m3(b_S):
+    """The rows of an fp32 tile (each a whole row of the state) as fp8 e4m3 values, in fp32 and exact in
+    e4m3, and an fp32 scale per row: ``scale = amax(|row|) / 448``, ``values = RNE(row / scale)``
+    (``replay_math.quantize_rows_e4m3`` is the twin). Both divisions are IEEE-rounded (``div_rn``; Triton's
+    ``/`` is not on the GPU), so the bits equal torch's. A row whose scale is 0 (all zeros, or amax below
+    fp32's range times 448) is divided by 1: its values round to (signed) zeros."""
+    b_scale = tl.math.div_rn(tl.max(tl.abs(b_S), axis=1), 448.0)
+    b_div = tl.where(b_scale > 0, b_scale, 1.0)
+    return round_e4m3(tl.math.div_rn(b_S, b_div[:, None])), b_scale
+
+
+@triton.jit
 def suffix_sums(b_log, o_l):
     """``out[i] = sum_{j > i} b_log[j]``: direct segment sums, no difference of cumulative sums."""
     return tl.sum(tl.where(o_l[None, :] > o_l[:, None], b_log[None, :], 0.0), axis=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..triton_helpers import load_f32, sigmoid, softplus
+from ..triton_helpers import load_f32, round_like, sigmoid, softplus
 
 
 @triton.jit
@@ -70,21 +70,6 @@ def row_folds(p_cursor, p_ring_beta, slot, s_rg_s, s_rg_l, s_rg_h, i_h_mark, T, 
     if EXACT_READS:
         folds = folds | ends_with_copy_entry(p_ring_beta, slot, cur, s_rg_s, s_rg_l, s_rg_h, i_h_mark)
     return cur, folds
-
-
-@triton.jit
-def round_like(x, p):
-    """fp32 ``x`` rounded to the element type of pointer ``p``, returned in fp32: bf16 by the bits
-    (round to nearest even; the interpreter's cast truncates, NOTES-TRITON), fp16 by a cast, wider types
-    unchanged. For finite x."""
-    if p.dtype.element_ty == tl.bfloat16:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536: 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    elif p.dtype.element_ty == tl.float16:
-        return x.to(tl.float16).to(tl.float32)
-    else:
-        return x
 
 
 # The fused gates (``ops.gdn_step(A_log=, dt_bias=)``): the kernels take the model's raw gate inputs a
