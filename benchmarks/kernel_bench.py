@@ -200,21 +200,22 @@ class Point:
         names = ("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay") if self.mamba2 else ("checkpoint", "ring_k", "ring_d", "ring_g")
         return tuple(state[n] if state is not None else getattr(self.state, n) for n in names + ("cursor", "pending"))
 
-    def _step(self, fn, inp, args, commit: bool, read, ring_beta):
+    def _step(self, fn, inp, args, commit: bool, read, read_scale, ring_beta):
         if self.mamba2:
             x, dt, B, C, z = inp
-            return fn(x, dt, self.A, B, C, self.D, self.dt_bias, z, *args, self.rows, commit, True, read)
+            return fn(x, dt, self.A, B, C, self.D, self.dt_bias, z, *args, self.rows, commit, True, read, read_scale)
         return fn(*inp, *args, self.rows, commit, True, None, read, ring_beta, self.A_log, self.dt_bias)
 
     def replay_step(self, inp, commit: bool = True):
         """One replay step on ``inp`` (T tokens per row) through the launch tables; returns its output."""
         st = self.state
-        return self._step(self.fn["mamba2" if self.mamba2 else "gdn"], inp, self.state_args(), commit, st.read_checkpoint, getattr(st, "ring_beta", None))
+        fn = self.fn["mamba2" if self.mamba2 else "gdn"]
+        return self._step(fn, inp, self.state_args(), commit, st.read_checkpoint, st.read_scale, getattr(st, "ring_beta", None))
 
     def reference_step(self, inp, state: dict, commit: bool = True):
         """The same step through the PyTorch reference, on ``state`` (a dict of copies of the state's tensors)."""
         fn = mamba2_reference.mamba2_step if self.mamba2 else gdn_reference.gdn_step
-        return self._step(fn, inp, self.state_args(state), commit, state.get("read_checkpoint"), state.get("ring_beta"))
+        return self._step(fn, inp, self.state_args(state), commit, state.get("read_checkpoint"), state.get("read_scale"), state.get("ring_beta"))
 
     def check_replay(self, inp=None, accepted=None) -> dict:
         """Relative errors (RMS) of one replay step against the reference: ``output``, and ``state`` (the worst

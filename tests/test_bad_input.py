@@ -96,13 +96,13 @@ def test_op_level_rows_checked(mamba):
     snap = _snapshot(state)
     with pytest.raises(IndexError, match="'rows'"):
         ops.mamba2_step(kw["x"], kw["dt"], p.A, kw["B"], kw["C"], p.D, p.dt_bias, kw["z"], s.checkpoint, s.ring_x,
-                        s.ring_B, s.ring_dt, s.ring_logdecay, s.cursor, s.pending, torch.tensor([0, 1, 7]), True, True, None)  # fmt: skip
+                        s.ring_B, s.ring_dt, s.ring_logdecay, s.cursor, s.pending, torch.tensor([0, 1, 7]), True, True, None, None)  # fmt: skip
     with pytest.raises(TypeError, match="'cursor'"):
         ops.mamba2_step(kw["x"], kw["dt"], p.A, kw["B"], kw["C"], p.D, p.dt_bias, kw["z"], s.checkpoint, s.ring_x,
-                        s.ring_B, s.ring_dt, s.ring_logdecay, s.cursor.long(), s.pending, torch.tensor([0, 1, 2]), True, True, None)  # fmt: skip
+                        s.ring_B, s.ring_dt, s.ring_logdecay, s.cursor.long(), s.pending, torch.tensor([0, 1, 2]), True, True, None, None)  # fmt: skip
     with pytest.raises(ValueError, match="'ring_B'"):
         ops.mamba2_step(kw["x"], kw["dt"], p.A, kw["B"], kw["C"], p.D, p.dt_bias, kw["z"], s.checkpoint, s.ring_x,
-                        s.ring_B[:, :3], s.ring_dt, s.ring_logdecay, s.cursor, s.pending, torch.tensor([0, 1, 2]), True, True, None)  # fmt: skip
+                        s.ring_B[:, :3], s.ring_dt, s.ring_logdecay, s.cursor, s.pending, torch.tensor([0, 1, 2]), True, True, None, None)  # fmt: skip
     _assert_unchanged(state, snap)
 
 

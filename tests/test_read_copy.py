@@ -1,7 +1,8 @@
 """The checkpoint's low-precision read copy (SPEC §4, ``ReplayConfig.read_dtype``).
 
 What must hold: every output reads the copy, never the checkpoint; a flush writes both copies from the
-fp32 fold; Mamba-2's recurrence (``materialize``) stays within 1e-5 of the float64 one, since its reads
+fp32 fold (an fp8 e4m3 copy, Mamba-2 only: values and a scale per state row, bitwise torch's quantisation
+of the fp32 checkpoint, kernels included); Mamba-2's recurrence (``materialize``) stays within 1e-5 of the float64 one, since its reads
 never feed it, and GDN's stays there too, its fold correcting the ring's d, formed against the copy
 (``ring_beta``); the Triton kernels (interpreter on the CPU, and CUDA) match the reference with a copy,
 for decoding and for verification with rollback; bad copies are refused before anything is written.
@@ -18,10 +19,32 @@ from naive import rel_err
 from replayssm import GDNGeometry, GDNReplayState, Mamba2Geometry, Mamba2ReplayState, ReplayConfig
 from replayssm.ops.gdn import reference as gdn_ref
 from replayssm.ops.mamba2 import reference as mamba2_ref
+from replayssm.ops.replay_math import quantize_rows_e4m3, read_copy
 
+FP8 = torch.float8_e4m3fn
 READ_DTYPES = [pytest.param(torch.bfloat16, id="read_bf16"), pytest.param(torch.float16, id="read_fp16")]
+MAMBA2_READ_DTYPES = READ_DTYPES + [pytest.param(FP8, id="read_fp8")]
 MAMBA2 = Mamba2Geometry(heads=4, head_dim=8, state_size=16, groups=2)
 GDN = GDNGeometry(key_heads=1, value_heads=2, key_dim=16, value_dim=16)
+
+
+def _bits(t):
+    """``t`` for ``torch.equal``, which has no fp8 kernel on the CPU: fp8 as its bytes."""
+    return t.view(torch.uint8) if t.dtype == FP8 else t
+
+
+def _read_values(state):
+    """The read copy as the steps read it, in fp32 (an fp8 copy times its row scales)."""
+    return read_copy(state.read_checkpoint, state.read_scale, torch.arange(state.slots, device=state.device), torch.float32)
+
+
+def _assert_copy_of_checkpoint(state):
+    """The copy is the checkpoint rounded to its dtype (an fp8 copy: quantised by rows, scales included), bit for bit."""
+    if state.read_scale is None:
+        assert torch.equal(state.read_checkpoint, state.checkpoint.to(state.read_checkpoint.dtype))
+        return
+    values, scale = quantize_rows_e4m3(state.checkpoint)
+    assert torch.equal(_bits(state.read_checkpoint), _bits(values)) and torch.equal(state.read_scale, scale)
 
 
 def _twin(state, reads="copy"):
@@ -33,9 +56,9 @@ def _twin(state, reads="copy"):
         state.geometry, state.slots, config, activation_dtype=state.activation_dtype
     )
     for name, t in state.tensors().items():
-        if name not in ("read_checkpoint", "ring_beta"):
+        if name not in ("read_checkpoint", "read_scale", "ring_beta"):
             getattr(twin, name).copy_(t)
-    twin.checkpoint.copy_((state.read_checkpoint if reads == "copy" else state.checkpoint).float())
+    twin.checkpoint.copy_(_read_values(state) if reads == "copy" else state.checkpoint.float())
     return twin
 
 
@@ -48,7 +71,7 @@ def _loaded_pair(cls, geometry, slots, window, read_dtype, seed, scale):
     return pair, pair.state
 
 
-@pytest.mark.parametrize("read_dtype", READ_DTYPES)
+@pytest.mark.parametrize("read_dtype", MAMBA2_READ_DTYPES)
 def test_mamba2_outputs_read_the_copy_and_the_recurrence_stays_exact(read_dtype):
     window, slots = 4, 3
     pair, state = _loaded_pair(Mamba2Pair, MAMBA2, slots, window, read_dtype, seed=11, scale=0.5)
@@ -67,12 +90,12 @@ def test_mamba2_outputs_read_the_copy_and_the_recurrence_stays_exact(read_dtype)
         for b, folds in enumerate(folding):
             if not folds:
                 assert torch.equal(y[b], y_twin[b])
-        assert rel_err(y, expected) < 2e-2
+        assert rel_err(y, expected) < (4e-2 if read_dtype == FP8 else 2e-2)  # fp8: 2^-4 per value at worst
         accepted = [T, T - 1 if T > 1 else 1, 0]
         state.commit(accepted, rows)
         accept(pair, rows, candidates, accepted)
         # The copy is the checkpoint rounded (both from the same fp32 fold), and the recurrence is exact.
-        assert torch.equal(state.read_checkpoint, state.checkpoint.to(read_dtype))
+        _assert_copy_of_checkpoint(state)
         assert rel_err(state.materialize(), pair.naive.state) < 1e-5
     assert flushes >= 4
 
@@ -153,31 +176,38 @@ def test_gdn_partial_folds_with_a_copy_stay_exact(read_dtype):
     assert drift < 1e-5, drift
 
 
-def test_row_operations_keep_the_copy():
-    """load, reset, fold, reorder, select and resized carry the copy along with the checkpoint."""
+@pytest.mark.parametrize("read_dtype", [pytest.param(torch.bfloat16, id="read_bf16"), pytest.param(FP8, id="read_fp8")])
+def test_row_operations_keep_the_copy(read_dtype):
+    """load, reset, fold, reorder, select and resized carry the copy (and an fp8 copy's scales) along with the
+    checkpoint."""
     gen = torch.Generator().manual_seed(13)
-    state = Mamba2ReplayState(MAMBA2, 3, ReplayConfig(window=4, read_dtype=torch.bfloat16))
+    state = Mamba2ReplayState(MAMBA2, 3, ReplayConfig(window=4, read_dtype=read_dtype))
     initial = torch.randn(3, 4, 8, 16, generator=gen, dtype=torch.float64)
     state.load(initial)
-    assert torch.equal(state.read_checkpoint, initial.to(torch.bfloat16))  # rounded from the given state
+    if read_dtype == FP8:
+        _assert_copy_of_checkpoint(state)  # quantised from the fp32 checkpoint
+    else:
+        assert torch.equal(state.read_checkpoint, initial.to(read_dtype))  # rounded from the given state
     p = mamba2_params(MAMBA2, gen)
     for _ in range(3):
         x, dt, B, C, z = mamba2_inputs(MAMBA2, 3, 1, gen)
         state.step(x, dt, p.A, B, C, p.D, p.dt_bias, z)
 
-    def consistent(s):
-        return torch.equal(s.read_checkpoint, s.checkpoint.to(torch.bfloat16))
-
-    before = state.read_checkpoint.clone()
+    before = _read_values(state)
     state.fold([2, 1, 0], rows=[0, 1, 2])
-    assert consistent(state) and not torch.equal(state.read_checkpoint[0], before[0]) and torch.equal(state.read_checkpoint[2], before[2])
+    _assert_copy_of_checkpoint(state)
+    assert not torch.equal(_read_values(state)[0], before[0]) and torch.equal(_read_values(state)[2], before[2])
     state.reorder([2, 2, 0])
-    assert consistent(state) and torch.equal(state.read_checkpoint[0], state.read_checkpoint[1])
-    assert consistent(state.select([1])) and consistent(state.resized(8))
-    assert state.select([1]).read_checkpoint.dtype == torch.bfloat16
+    _assert_copy_of_checkpoint(state)
+    assert torch.equal(_read_values(state)[0], _read_values(state)[1])
+    _assert_copy_of_checkpoint(state.select([1]))
+    _assert_copy_of_checkpoint(state.resized(8))
+    assert state.select([1]).read_checkpoint.dtype == read_dtype
     state.reset([1])
-    assert consistent(state) and not bool(state.read_checkpoint[1].any())
-    assert state.nbytes - Mamba2ReplayState(MAMBA2, 3, ReplayConfig(window=4)).nbytes == state.read_checkpoint.numel() * 2
+    _assert_copy_of_checkpoint(state)
+    assert not bool(_read_values(state)[1].any())
+    copy_bytes = state.read_checkpoint.numel() * read_dtype.itemsize + (state.read_scale.numel() * 4 if read_dtype == FP8 else 0)
+    assert state.nbytes - Mamba2ReplayState(MAMBA2, 3, ReplayConfig(window=4)).nbytes == copy_bytes
 
 
 def _gdn_args(state):
@@ -259,19 +289,21 @@ def _pair_of_states(cls, geometry, slots, window, read_dtype, device, gen, **kw)
 
 def _check_copy_and_share_it(ours, theirs):
     """The kernels store both copies from one fp32 fold (the checkpoint is fp32), so the copy is exactly
-    the checkpoint rounded to nearest (under the interpreter too: tests/conftest.py). The reference then
-    takes the kernels' copy, so that the next steps compare arithmetic on the same values (a few entries
-    of two fp32 folds summed in different orders may round to neighbouring 16-bit values)."""
-    read = ours.read_checkpoint
-    assert torch.equal(read, ours.checkpoint.to(read.dtype))
-    theirs.read_checkpoint.copy_(read.cpu())
+    the checkpoint rounded to nearest (under the interpreter too: tests/conftest.py; an fp8 copy's values
+    and scales are torch's quantisation of it). The reference then takes the kernels' copy, so that the
+    next steps compare arithmetic on the same values (a few entries of two fp32 folds summed in different
+    orders may round to neighbouring 16-bit values, or change a row's scale by an ulp)."""
+    _assert_copy_of_checkpoint(ours)
+    theirs.read_checkpoint.copy_(ours.read_checkpoint.cpu())
+    if ours.read_scale is not None:
+        theirs.read_scale.copy_(ours.read_scale.cpu())
 
 
 def _compare_states(ours, theirs, tol, checkpoint_tol=None):
     """Every state tensor within ``tol`` (the checkpoint within ``checkpoint_tol`` if given), cursors equal."""
     _check_copy_and_share_it(ours, theirs)
     for name, t in ours.tensors().items():
-        if name == "read_checkpoint":
+        if name in ("read_checkpoint", "read_scale"):
             continue
         elif t.is_floating_point():
             bound = checkpoint_tol if name == "checkpoint" and checkpoint_tol is not None else tol
@@ -292,9 +324,22 @@ def _gdn_forms():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("read_dtype", READ_DTYPES)
-def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
+@pytest.mark.parametrize(
+    "read_dtype, form",
+    [
+        *(pytest.param(*p.values, None, id=p.id) for p in MAMBA2_READ_DTYPES),
+        # the main launch's token block (T > 1) reading an fp8 copy: each row's scale after the N chunks' sum
+        pytest.param(FP8, "tokens_prefetched", id="read_fp8-tokens-prefetched"),
+    ],
+)  # fmt: skip
+def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, form, device):
+    """Decode and verify steps through the kernels and the reference; with an fp8 copy the fold's
+    quantisation (flush launch) is bitwise torch's, and the outputs read it dequantised (flush launch for
+    T = 1 folding rows, main launch otherwise)."""
     kernels = pytest.importorskip("replayssm.ops.mamba2.kernels", reason="needs Triton")
+    from replayssm.ops.launch import LaunchConfig
+
+    config = LaunchConfig(8, 2, 1, 3, form=form) if form else None
     gen = torch.Generator().manual_seed(21)
     geometry, window, slots = Mamba2Geometry(heads=4, head_dim=16, state_size=16, groups=2), 4, 4
     ours, theirs = _pair_of_states(Mamba2ReplayState, geometry, slots, window, read_dtype, device, gen)
@@ -309,12 +354,13 @@ def test_mamba2_kernels_match_reference_with_read_copy(read_dtype, device):
         flushes += int((ours.cursor[rows] + T > window).sum())
         y_ref = mamba2_ref.mamba2_step(
             x.cpu(), dt.cpu(), p.A, B.cpu(), C.cpu(), p.D, p.dt_bias, z.cpu(), *_mamba2_args(theirs), rows.cpu(), commit, True,
-            theirs.read_checkpoint,
+            theirs.read_checkpoint, theirs.read_scale,
         )  # fmt: skip
         y = torch.full_like(x, float("nan"))
         kernels.mamba2_step_out(
-            x, dt, A, B, C, D, dt_bias, z, *_mamba2_args(ours), rows, commit, True, y=y, read_checkpoint=ours.read_checkpoint
-        )
+            x, dt, A, B, C, D, dt_bias, z, *_mamba2_args(ours), rows, commit, True, y=y, config=config if T > 1 else None,
+            read_checkpoint=ours.read_checkpoint, read_scale=ours.read_scale,
+        )  # fmt: skip
         assert rel_err(y.cpu(), y_ref) < 1e-2  # bf16 outputs
         if not commit:
             accepted = torch.tensor([T, 1, 0])
@@ -487,6 +533,121 @@ def test_kernel_forms_a_read_copy_cannot_use_are_refused():
             q, k, v, g, beta, *_gdn_args(s), torch.arange(2), True, True, None, o=torch.empty_like(v), decode_launches=1,
             read_checkpoint=s.read_checkpoint, ring_beta=s.ring_beta,
         )  # fmt: skip
+
+
+# --- the fp8 e4m3 copy (Mamba-2): rounding, the read error's bound, bad scales, GDN's refusal ----------
+
+
+def test_fp8_reads_stay_within_the_e4m3_bound():
+    """Outputs read through an fp8 copy, against the same steps reading the fp32 checkpoint (no copy), with
+    an empty ring so that the outputs differ only by the checkpoint term ``exp(dt A) (S' - S) C``. Each
+    copied value ``S'`` is within ``2^-4 |S| + 2^-10 scale`` of ``S`` (half an e4m3 ulp relative, 3 mantissa
+    bits; the absolute term: the subnormal grid 2^-9 times the row's scale), so each output is within
+    ``exp(dt A) sum_n (2^-4 |S_n| + 2^-10 scale) |C_n|`` (plus fp32 rounding)."""
+    gen = torch.Generator().manual_seed(43)
+    slots = 3
+    fp8 = Mamba2ReplayState(MAMBA2, slots, ReplayConfig(window=4, read_dtype=FP8))
+    exact = Mamba2ReplayState(MAMBA2, slots, ReplayConfig(window=4))
+    decayed = torch.exp(-torch.linspace(0, 10, MAMBA2.state_size))  # a state with rows over four decades
+    S = torch.randn(slots, MAMBA2.heads, MAMBA2.head_dim, MAMBA2.state_size, generator=gen) * decayed
+    fp8.load(S)
+    exact.load(S)
+    S_read = _read_values(fp8)
+    scale = fp8.read_scale[..., None]
+    assert bool(((S_read - S).abs() <= 2.0**-4 * S.abs() + 2.0**-10 * scale).all())
+    p = mamba2_params(MAMBA2, gen)
+    x, dt, B, C, _ = mamba2_inputs(MAMBA2, slots, 1, gen)
+    y8 = fp8.step(x, dt, p.A, B, C, p.D, p.dt_bias, None)
+    y32 = exact.step(x, dt, p.A, B, C, p.D, p.dt_bias, None)
+    decay = torch.exp(torch.nn.functional.softplus(dt[:, 0] + p.dt_bias) * p.A)  # (slots, heads)
+    C_heads = C[:, 0].abs().repeat_interleave(MAMBA2.heads // MAMBA2.groups, dim=1)  # (slots, heads, N)
+    per_value = 2.0**-4 * S.abs() + 2.0**-10 * scale
+    bound = decay[..., None] * torch.einsum("shpn,shn->shp", per_value, C_heads)
+    slack = 1e-5 * decay[..., None] * torch.einsum("shpn,shn->shp", S.abs(), C_heads)
+    assert bool(((y8[:, 0] - y32[:, 0]).abs() <= bound + slack).all())
+    assert 1e-3 < rel_err(y8, y32) < 2.0**-4
+
+
+@pytest.mark.parametrize(
+    "make_scale, error, message",
+    [
+        (lambda s: None, ValueError, "read_scale.*required"),
+        (lambda s: s.read_scale[:, :1], ValueError, "read_scale.*shape"),
+        (lambda s: s.read_scale.half(), TypeError, "read_scale.*dtype"),
+        (lambda s: s.checkpoint[..., 0], ValueError, "read_scale.*share storage"),  # the checkpoint's own storage
+    ],
+    ids=["missing", "shape", "dtype", "shared-storage"],
+)
+def test_bad_fp8_scales_are_refused_before_any_write(make_scale, error, message):
+    gen = torch.Generator().manual_seed(44)
+    state = Mamba2ReplayState(MAMBA2, 2, ReplayConfig(window=3, read_dtype=FP8))
+    state.load(torch.randn(2, 4, 8, 16, generator=gen))
+    state.cursor.fill_(3)  # the step would fold
+    before = {name: _bits(t).clone() for name, t in state.tensors().items()}
+    p = mamba2_params(MAMBA2, gen)
+    x, dt, B, C, z = mamba2_inputs(MAMBA2, 2, 1, gen)
+    from replayssm import ops
+
+    scale = make_scale(state)
+    with pytest.raises(error, match=message):
+        ops.mamba2_step(x, dt, p.A, B, C, p.D, p.dt_bias, z, *_mamba2_args(state), torch.arange(2), True, True, state.read_checkpoint, scale)
+    with pytest.raises(ValueError, match="read_scale.*only used with an fp8"):  # a scale with a 16-bit copy
+        ops.mamba2_step(
+            x, dt, p.A, B, C, p.D, p.dt_bias, z, *_mamba2_args(state), torch.arange(2), True, True, state.checkpoint.bfloat16(),
+            state.read_scale,
+        )  # fmt: skip
+    for name, t in state.tensors().items():
+        assert torch.equal(_bits(t), before[name]), name
+
+
+def test_gdn_refuses_an_fp8_read_copy():
+    """fp8 read copies are Mamba-2-only for now: a GDN state refuses the config before allocating anything,
+    and the GDN op refuses an fp8 copy before writing anything."""
+    config = ReplayConfig(window=3, read_dtype=FP8)  # the shared config accepts it
+    assert config.read_dtype == FP8
+    with pytest.raises(ValueError, match=r"ReplayConfig\.read_dtype.*Mamba-2-only"):
+        GDNReplayState(GDN, 2, config)
+    plain = GDNReplayState(GDN, 2, ReplayConfig(window=3))
+    rings = {name: getattr(plain, name) for name in plain._ring_names}
+    with pytest.raises(ValueError, match=r"ReplayConfig\.read_dtype.*Mamba-2-only"):
+        GDNReplayState.from_tensors(GDN, plain.checkpoint, rings, plain.cursor, plain.pending, config)
+    gen = torch.Generator().manual_seed(45)
+    plain.load(torch.randn(2, 2, 16, 16, generator=gen))
+    plain.cursor.fill_(3)
+    before = {name: t.clone() for name, t in plain.tensors().items()}
+    q, k, v, g, beta = gdn_inputs(GDN, 2, 1, gen)
+    from replayssm import ops
+
+    with pytest.raises(TypeError, match="read_checkpoint.*Mamba-2-only"):
+        ops.gdn_step(q, k, v, g, beta, *_gdn_args(plain), torch.arange(2), True, True, None, plain.checkpoint.to(FP8), plain.ring_g.clone())
+    for name, t in plain.tensors().items():
+        assert torch.equal(t, before[name]), name
+
+
+def test_fp8_copy_over_external_tensors_and_its_traffic():
+    """``from_tensors`` takes an fp8 copy with its scales (and wants both); ``decode_traffic`` counts the
+    copy at 1 byte per value and 4 per row of state_size values (and refuses it for GDN)."""
+    from replayssm import decode_traffic
+
+    config = ReplayConfig(window=4, read_dtype=FP8)
+    owned = Mamba2ReplayState(MAMBA2, 2, config)
+    rings = {name: getattr(owned, name) for name in owned._ring_names}
+    args = (MAMBA2, owned.checkpoint, rings, owned.cursor, owned.pending, config)
+    wrapped = Mamba2ReplayState.from_tensors(*args, read_checkpoint=owned.read_checkpoint, read_scale=owned.read_scale)
+    assert wrapped.read_scale is owned.read_scale and "read_scale" in wrapped.tensors()
+    with pytest.raises(TypeError, match="read_scale must be a Tensor"):
+        Mamba2ReplayState.from_tensors(*args, read_checkpoint=owned.read_checkpoint)
+    bf16 = ReplayConfig(window=4, read_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="read_scale given"):
+        Mamba2ReplayState.from_tensors(*args[:-1], bf16, read_checkpoint=owned.read_checkpoint.bfloat16(), read_scale=owned.read_scale)
+    geometry = Mamba2Geometry(heads=8, head_dim=64, state_size=128, groups=1)
+    values = 8 * 64 * 128
+    per_dtype = {d: decode_traffic(geometry, 1, 16, read_dtype=d) for d in (None, torch.bfloat16, FP8)}
+    # The copy is read on 15 steps of 16 and written once: its bytes count once per step.
+    saved = per_dtype[torch.bfloat16].replay_state - per_dtype[FP8].replay_state
+    assert saved == pytest.approx(2 * values - (values + 8 * 64 * 4))
+    with pytest.raises(ValueError, match="Mamba-2-only"):
+        decode_traffic(GDN, 1, 16, read_dtype=FP8)
 
 
 # --- on the GPU: capture, and long runs against float64 -----------------------------------------------

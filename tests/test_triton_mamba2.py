@@ -398,13 +398,13 @@ def test_registered_op_and_cuda_graph():
     eager = [t.clone() for t in ours]
     steps = [_inputs(batch, heads, head_dim, state_size, groups, torch.bfloat16, dev, gen) for _ in range(window)]
     # eager op calls (dispatch through torch.library) once, as warm-up and as the expected result
-    expected = [replayssm.ops.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *eager, rows, True, True, None) for x, dt, B, C, z in steps]
+    expected = [replayssm.ops.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *eager, rows, True, True, None, None) for x, dt, B, C, z in steps]
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         with torch.cuda.graph(graph, stream=stream):
-            outs = [replayssm.ops.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, None) for x, dt, B, C, z in steps]
+            outs = [replayssm.ops.mamba2_step(x, dt, A, B, C, D, dt_bias, z, *ours, rows, True, True, None, None) for x, dt, B, C, z in steps]
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()
     torch.cuda.synchronize()

@@ -11,8 +11,11 @@ CHECKPOINT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Dtypes the ring may keep activation copies in (Mamba-2 x and B, GDN k).
 RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Dtypes of the read copy of the checkpoint (SPEC §4): what every step's
-#: outputs read, written at each flush from the fp32 fold.
-READ_DTYPES = (torch.float16, torch.bfloat16)
+#: outputs read, written at each flush from the fp32 fold. fp8 e4m3 comes
+#: with a scale per row of the state (Mamba-2 only for now).
+READ_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+#: Read dtypes stored as values plus an fp32 scale per row (``read_scale``).
+SCALED_READ_DTYPES = (torch.float8_e4m3fn,)
 #: Windows above this are refused: the ring is re-read every step, so a long
 #: window trades checkpoint writes for ring reads and stops paying off well
 #: before this (see replayssm.traffic).
@@ -41,13 +44,18 @@ class ReplayConfig:
             every fold). Quantities computed in fp32 (dt, log-decays, GDN's
             corrected update) are always kept in fp32.
         read_dtype: dtype of a second, low-precision copy of the checkpoint
-            that the steps read (SPEC §4): fp16 or bf16, or ``None`` (the
-            default) for reads from the checkpoint itself. A flush writes
-            both copies from its fp32 fold; every other step reads the read
-            copy only, so a non-flush step moves half the checkpoint bytes
-            of an fp32 read. The checkpoint (``state_dtype``) still carries
-            the recurrence: Mamba-2's recurrence never sees the read copy's
-            rounding, only its outputs do. GDN's does at one remove: the
+            that the steps read (SPEC §4): fp16, bf16 or fp8 e4m3
+            (``torch.float8_e4m3fn``), or ``None`` (the default) for reads
+            from the checkpoint itself. A flush writes both copies from its
+            fp32 fold; every other step reads the read copy only, so a
+            non-flush step moves half the checkpoint bytes of an fp32 read
+            (16-bit copies), or about a quarter (fp8). An fp8 copy keeps an
+            fp32 scale per row of the state (``read_scale``: amax / 448 of
+            the row's ``state_size`` values; docs/ops.md) and is Mamba-2-only
+            for now: a GDN state refuses it. The checkpoint
+            (``state_dtype``) still carries the recurrence: Mamba-2's
+            recurrence never sees the read copy's rounding, only its outputs
+            do. GDN's does at one remove: the
             corrected update ``d = beta (v - S k)`` is computed from the read
             copy (SPEC §5: GDN reads with q and k), then folded exactly.
     """

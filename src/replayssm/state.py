@@ -4,7 +4,7 @@ A state holds ``slots`` independent rows (requests). Each row has
 
 * a **checkpoint**: the exact state after the row's last flush (and, with
   ``config.read_dtype``, a low-precision **read copy** of it that the steps
-  read; SPEC §4);
+  read, with a scale per row of the state for an fp8 copy; SPEC §4);
 * a **ring** of ``window`` entries: what the tokens since then added
   (Mamba-2: x, B, dt, dt*A; GDN: normalised k, corrected update d, log-decay g);
 * a **cursor**: how many ring entries are committed, and **pending**: how
@@ -24,7 +24,8 @@ from torch import Tensor
 
 from . import ops
 from .ops.gdn import reference as gdn_reference
-from .config import ReplayConfig
+from .ops.replay_math import store_read_copy
+from .config import SCALED_READ_DTYPES, ReplayConfig
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ class ReplayState:
 
     _ring_names: tuple[str, ...] = ()
     _geometry_type: type = object
+    #: Whether the family's steps take a read copy with a scale per row (``SCALED_READ_DTYPES``: fp8).
+    _scaled_read_copy: bool = False
 
     def _setup(self, geometry, slots: int, config: ReplayConfig | None, device: torch.device | str | None) -> None:
         name = type(self).__name__
@@ -114,6 +117,11 @@ class ReplayState:
         self.config = config if config is not None else ReplayConfig()
         if not isinstance(self.config, ReplayConfig):
             raise TypeError(f"{name}: config must be a ReplayConfig, got {type(config).__name__}")
+        if self.config.read_dtype in SCALED_READ_DTYPES and not self._scaled_read_copy:
+            raise ValueError(
+                f"{name}: ReplayConfig.read_dtype={self.config.read_dtype} is not supported here: "
+                "fp8 read copies are Mamba-2-only for now (use bfloat16 or float16)"
+            )
         self.geometry = geometry
         self.slots = slots
         self.window = self.config.window
@@ -121,20 +129,25 @@ class ReplayState:
         self.device = torch.empty(0, device=device).device if device is not None else torch.device("cpu")
 
     def _allocate(self) -> None:
-        """Zeroed tensors for every slot: checkpoint (and read copy), the ring of ``ring_layout``, cursors."""
+        """Zeroed tensors for every slot: checkpoint (and read copy, and its scales), the ring of ``ring_layout``, cursors."""
         shape = (self.slots,) + self.state_shape
         read_dtype = self.config.read_dtype
         self._bind(
             torch.zeros(shape, dtype=self.config.state_dtype, device=self.device),
             torch.zeros(shape, dtype=read_dtype, device=self.device) if read_dtype is not None else None,
+            torch.zeros(shape[:-1], dtype=torch.float32, device=self.device) if read_dtype in SCALED_READ_DTYPES else None,
             {name: torch.zeros((self.slots,) + ring_shape, dtype=dtype, device=self.device) for name, ring_shape, dtype in self.ring_layout()},
             torch.zeros(self.slots, dtype=torch.int32, device=self.device),
             torch.zeros(self.slots, dtype=torch.int32, device=self.device),
         )
 
-    def _bind(self, checkpoint: Tensor, read_checkpoint: Tensor | None, rings: dict[str, Tensor], cursor: Tensor, pending: Tensor) -> None:
+    def _bind(
+        self, checkpoint: Tensor, read_checkpoint: Tensor | None, read_scale: Tensor | None, rings: dict[str, Tensor], cursor: Tensor,
+        pending: Tensor,
+    ) -> None:  # fmt: skip
         self.checkpoint = checkpoint
         self.read_checkpoint = read_checkpoint
+        self.read_scale = read_scale
         self._ring_names = tuple(name for name, _, _ in self.ring_layout())
         for name in self._ring_names:
             setattr(self, name, rings[name])
@@ -151,6 +164,7 @@ class ReplayState:
         pending: Tensor,
         config: ReplayConfig | None = None,
         read_checkpoint: Tensor | None = None,
+        read_scale: Tensor | None = None,
         **options,
     ) -> "ReplayState":
         """A state over tensors owned elsewhere (e.g. vLLM's cache pages); nothing is copied or zeroed.
@@ -158,7 +172,9 @@ class ReplayState:
         ``checkpoint`` is ``(slots,) + state_shape`` in ``config.state_dtype``;
         ``rings`` maps every name of ``ring_layout()`` to ``(slots,) + shape``
         in its dtype (any strides); ``cursor`` and ``pending`` are ``(slots,)``
-        int32. ``options``: the constructor's family options
+        int32. ``read_checkpoint`` (with ``config.read_dtype``) is laid out like
+        ``checkpoint``; ``read_scale`` (with an fp8 one) is ``(slots,) +
+        state_shape[:-1]`` fp32. ``options``: the constructor's family options
         (``activation_dtype`` for Mamba-2). Every tensor is checked before the
         state is made.
         """
@@ -173,8 +189,12 @@ class ReplayState:
             expected["read_checkpoint"] = ((slots,) + state.state_shape, state.config.read_dtype)
         elif read_checkpoint is not None:
             raise ValueError(f"{cls.__name__}.from_tensors: read_checkpoint given but config.read_dtype is None")
+        if state.config.read_dtype in SCALED_READ_DTYPES:
+            expected["read_scale"] = ((slots,) + state.state_shape[:-1], torch.float32)
+        elif read_scale is not None:
+            raise ValueError(f"{cls.__name__}.from_tensors: read_scale given but config.read_dtype is {state.config.read_dtype}, not fp8")
         expected.update({name: ((slots,) + shape, dtype) for name, shape, dtype in state.ring_layout()})
-        given = dict(rings, checkpoint=checkpoint, read_checkpoint=read_checkpoint, cursor=cursor, pending=pending)
+        given = dict(rings, checkpoint=checkpoint, read_checkpoint=read_checkpoint, read_scale=read_scale, cursor=cursor, pending=pending)
         unknown = set(rings) - set(expected)
         if unknown:
             raise ValueError(f"{cls.__name__}.from_tensors: rings has tensors the layout does not name: {sorted(unknown)}")
@@ -186,7 +206,7 @@ class ReplayState:
                 raise ValueError(
                     f"{cls.__name__}.from_tensors: {name} must be {shape} {dtype} on {dev}, got {tuple(t.shape)} {t.dtype} on {t.device}"
                 )
-        state._bind(checkpoint, read_checkpoint, rings, cursor, pending)
+        state._bind(checkpoint, read_checkpoint, read_scale, rings, cursor, pending)
         return state
 
     def _set_options(self) -> None:
@@ -195,17 +215,18 @@ class ReplayState:
     # -- the tensors -----------------------------------------------------------
 
     def _tensor_names(self) -> tuple[str, ...]:
-        read = ("read_checkpoint",) if self.read_checkpoint is not None else ()
+        read = tuple(name for name in ("read_checkpoint", "read_scale") if getattr(self, name) is not None)
         return ("checkpoint",) + read + self._ring_names + ("cursor", "pending")
 
     def _store_checkpoint(self, rows: Tensor, state: Tensor) -> None:
-        """Make ``state`` the checkpoint of ``rows``, each copy rounded from it to its own dtype."""
+        """Make ``state`` the checkpoint of ``rows``, each copy rounded from it to its own dtype (an fp8 copy
+        quantised by rows from its fp32 values)."""
         self.checkpoint[rows] = state.to(device=self.device, dtype=self.checkpoint.dtype)
         if self.read_checkpoint is not None:
-            self.read_checkpoint[rows] = state.to(device=self.device, dtype=self.read_checkpoint.dtype)
+            store_read_copy(self.read_checkpoint, self.read_scale, rows, state.to(self.device))
 
     def tensors(self) -> dict[str, Tensor]:
-        """Every tensor of the state by name (checkpoint, read copy if any, ring, cursor, pending)."""
+        """Every tensor of the state by name (checkpoint, read copy and its scales if any, ring, cursor, pending)."""
         return {name: getattr(self, name) for name in self._tensor_names()}
 
     @property
@@ -270,6 +291,8 @@ class ReplayState:
         self.checkpoint[rows] = 0
         if self.read_checkpoint is not None:
             self.read_checkpoint[rows] = 0
+        if self.read_scale is not None:
+            self.read_scale[rows] = 0
         self.cursor[rows] = 0
         self.pending[rows] = 0
 
@@ -404,6 +427,7 @@ class ReplayState:
     geometry: object
     checkpoint: Tensor
     read_checkpoint: Tensor | None = None
+    read_scale: Tensor | None = None
 
     def _empty_like(self, slots: int, config: ReplayConfig) -> "ReplayState":
         raise NotImplementedError
@@ -417,7 +441,8 @@ class Mamba2ReplayState(ReplayState):
 
     Tensors (``L`` = window): checkpoint ``(slots, heads, head_dim,
     state_size)`` in ``config.state_dtype`` (read_checkpoint: the same in
-    ``config.read_dtype``, or None); ring_x ``(slots, L, heads,
+    ``config.read_dtype``, or None; read_scale, with an fp8 read copy:
+    ``(slots, heads, head_dim)`` fp32, else None); ring_x ``(slots, L, heads,
     head_dim)`` and ring_B ``(slots, L, groups, state_size)`` in the ring
     dtype; ring_dt and ring_logdecay ``(slots, L, heads)`` fp32; cursor and
     pending ``(slots,)`` int32.
@@ -432,6 +457,7 @@ class Mamba2ReplayState(ReplayState):
     """
 
     _geometry_type = Mamba2Geometry
+    _scaled_read_copy = True
 
     def __init__(
         self,
@@ -483,7 +509,7 @@ class Mamba2ReplayState(ReplayState):
         return ops.mamba2_step(
             x, dt, A, B, C, D, dt_bias, z,
             self.checkpoint, self.ring_x, self.ring_B, self.ring_dt, self.ring_logdecay, self.cursor, self.pending,
-            rows, commit, dt_softplus, self.read_checkpoint,
+            rows, commit, dt_softplus, self.read_checkpoint, self.read_scale,
         )  # fmt: skip
 
     def conventional_step(

@@ -13,7 +13,8 @@ docs (SPEC §6). Per decode step (one token per row, ``batch`` rows):
   flush read the copy instead; the flush step reads the checkpoint for its
   fold and writes both. GDN's exact fold with a copy also reads the copy at
   the flush (the gap between the two corrects the ring's d), and its ring
-  entries carry beta.
+  entries carry beta. An fp8 copy (Mamba-2) is 1 byte per value plus a 4-byte
+  scale per row of ``state_size`` values.
 
 Both also read the step's inputs and write its outputs once; those bytes
 are listed separately so a floor can include or exclude them.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import SCALED_READ_DTYPES
 from .state import GDNGeometry, Mamba2Geometry
 
 
@@ -78,14 +80,19 @@ def decode_traffic(
     if batch < 1 or window < 1:
         raise ValueError(f"decode_traffic: batch and window must be >= 1, got batch={batch}, window={window}")
     s_state, s_in, f32 = _size(state_dtype), _size(input_dtype), 4
+    scales = 0  # bytes of an fp8 read copy's scales
     if isinstance(geometry, Mamba2Geometry):
         g = geometry
         s_ring = _size(ring_dtype or input_dtype)
         state = g.heads * g.head_dim * g.state_size * s_state
+        if read_dtype in SCALED_READ_DTYPES:
+            scales = g.heads * g.head_dim * f32
         entry = g.heads * g.head_dim * s_ring + g.groups * g.state_size * s_ring + 2 * g.heads * f32
         # x, z in; y out; B, C; dt; parameters (A, D, dt_bias) are negligible.
         io = 3 * g.heads * g.head_dim * s_in + 2 * g.groups * g.state_size * s_in + g.heads * s_in
     elif isinstance(geometry, GDNGeometry):
+        if read_dtype in SCALED_READ_DTYPES:
+            raise ValueError(f"decode_traffic: read_dtype {read_dtype}: fp8 read copies (ReplayConfig.read_dtype) are Mamba-2-only for now")
         g = geometry
         s_ring = _size(ring_dtype or torch.float32)
         state = g.value_heads * g.value_dim * g.key_dim * s_state
@@ -102,7 +109,7 @@ def decode_traffic(
     if read_dtype is None:
         replay = state + state / window + ring_reads + entry
     else:
-        read = state // s_state * _size(read_dtype)
+        read = state // s_state * _size(read_dtype) + scales
         flush = 2 * state + (2 if exact_copy_fold else 1) * read
         replay = read * (window - 1) / window + flush / window + ring_reads + entry
     return Traffic(

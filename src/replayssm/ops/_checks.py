@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..config import SCALED_READ_DTYPES
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 ACCUM_DTYPES = (torch.float32, torch.float64)
@@ -122,10 +124,17 @@ def check_rows_and_cursors(
     del num_tokens  # T <= window is a shape check, done by the caller
 
 
-def _check_read_checkpoint(ck: ArgChecker, read_checkpoint, checkpoint: Tensor, layout: str) -> None:
+def _check_read_checkpoint(ck: ArgChecker, read_checkpoint, checkpoint: Tensor, layout: str, read_scale=None, scaled: bool = False) -> None:
     """The optional read copy (SPEC §4): the checkpoint's shape and strides (kernels address both with
-    one set of strides), a 16-bit dtype, its own storage."""
-    ck.tensor("read_checkpoint", read_checkpoint, tuple(checkpoint.shape), layout, READ_DTYPES, optional=True)
+    one set of strides), a 16-bit dtype, its own storage. ``scaled`` (Mamba-2): also fp8 e4m3, which
+    comes with ``read_scale``, one fp32 scale per row of the state; elsewhere an fp8 copy is refused."""
+    fp8 = isinstance(read_checkpoint, Tensor) and read_checkpoint.dtype in SCALED_READ_DTYPES
+    if fp8 and not scaled:
+        ck.fail(TypeError, "read_checkpoint", f"is {read_checkpoint.dtype}: fp8 read copies (ReplayConfig.read_dtype) are Mamba-2-only for now")
+    dtypes = READ_DTYPES + SCALED_READ_DTYPES if scaled else READ_DTYPES
+    ck.tensor("read_checkpoint", read_checkpoint, tuple(checkpoint.shape), layout, dtypes, optional=True)
+    if scaled:
+        _check_read_scale(ck, read_scale, read_checkpoint, checkpoint, layout, fp8)
     if read_checkpoint is None:
         return
     ck.condition(
@@ -142,9 +151,25 @@ def _check_read_checkpoint(ck: ArgChecker, read_checkpoint, checkpoint: Tensor, 
     )
 
 
+def _check_read_scale(ck: ArgChecker, read_scale, read_checkpoint, checkpoint: Tensor, layout: str, fp8: bool) -> None:
+    """An fp8 read copy's scales: present exactly with one, fp32, the checkpoint's shape less its last
+    dimension (any strides: the kernels take them), in storage of their own."""
+    if not fp8:
+        ck.condition(read_scale is None, ValueError, "read_scale", "is only used with an fp8 read_checkpoint; pass None without one")
+        return
+    ck.condition(read_scale is not None, ValueError, "read_scale", f"is required with an {read_checkpoint.dtype} read_checkpoint, got None")
+    rows_layout = layout.rsplit(",", 1)[0] + ")"  # one scale per row of the last dimension
+    ck.tensor("read_scale", read_scale, tuple(checkpoint.shape[:-1]), rows_layout, (torch.float32,))
+    shared = {t.untyped_storage().data_ptr() for t in (checkpoint, read_checkpoint)}
+    ck.condition(
+        read_scale.untyped_storage().data_ptr() not in shared, ValueError, "read_scale",
+        "must not share storage with the checkpoint or the read copy",
+    )  # fmt: skip
+
+
 def check_mamba2_step(
     x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows,
-    read_checkpoint=None,
+    read_checkpoint=None, read_scale=None,
 ) -> None:  # fmt: skip
     # The state tensors fix the geometry; the inputs are checked against them.
     ck = ArgChecker("mamba2_step", checkpoint.device if isinstance(checkpoint, Tensor) else torch.device("cpu"))
@@ -167,7 +192,7 @@ def check_mamba2_step(
     ck.tensor("D", D, (heads,), "(heads,)", FLOAT_DTYPES, optional=True)
     ck.tensor("dt_bias", dt_bias, (heads,), "(heads,)", FLOAT_DTYPES, optional=True)
     ck.tensor("z", z, (batch, num_tokens, heads, head_dim), "(batch, T, heads, head_dim)", FLOAT_DTYPES, optional=True)
-    _check_read_checkpoint(ck, read_checkpoint, checkpoint, "(slots, heads, head_dim, state_size)")
+    _check_read_checkpoint(ck, read_checkpoint, checkpoint, "(slots, heads, head_dim, state_size)", read_scale, scaled=True)
     _check_cursor_rows(ck, "x", cursor, pending, rows, slots, batch, window, num_tokens)
 
 

@@ -9,10 +9,10 @@ from .. import _checks
 from ..dispatch import register_cuda
 from . import reference
 
-MUTATED = ("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay", "cursor", "pending", "read_checkpoint")
+MUTATED = ("checkpoint", "ring_x", "ring_B", "ring_dt", "ring_logdecay", "cursor", "pending", "read_checkpoint", "read_scale")
 
 
-# The mutated optional arguments (read_checkpoint, ring_beta) carry no defaults on purpose: torch 2.11's
+# The mutated optional arguments (read_checkpoint, read_scale, ring_beta) carry no defaults on purpose: torch 2.11's
 # ADInplaceOrView kernel for custom ops indexes the mutated arguments positionally, and the dispatcher drops
 # trailing arguments equal to their defaults, so a default there fails every call (IndexError on CUDA).
 # Pass None explicitly.
@@ -37,6 +37,7 @@ def mamba2_step(
     commit: bool,
     dt_softplus: bool,
     read_checkpoint: Tensor | None,
+    read_scale: Tensor | None,
 ) -> Tensor:
     """Replay decode / verification step of a Mamba-2 layer for T tokens per row.
 
@@ -62,25 +63,31 @@ def mamba2_step(
     an earlier call are dropped. Returns y ``(batch, T, heads, head_dim)`` in
     x's dtype.
 
-    ``read_checkpoint`` (mutated, or None; SPEC §4): an fp16 / bf16 copy of
-    the checkpoint, same shape and strides. (No default: torch 2.11 drops a
-    defaulted trailing argument before marking the mutated ones.) With it every output reads the
-    copy instead of the checkpoint, and a flush writes both from its fp32
-    fold (the copy rounded from the fold, not from the stored checkpoint).
+    ``read_checkpoint`` (mutated, or None; SPEC §4): an fp16 / bf16 / fp8
+    e4m3 copy of the checkpoint, same shape and strides. (No default: torch
+    2.11 drops a defaulted trailing argument before marking the mutated
+    ones.) With it every output reads the copy instead of the checkpoint,
+    and a flush writes both from its fp32 fold (the copy rounded from the
+    fold, not from the stored checkpoint). ``read_scale`` (mutated, or None):
+    with an fp8 copy (and only then), ``(slots, heads, head_dim)`` fp32, the
+    scale of each row of ``state_size`` values: the copy holds
+    ``RNE(row / scale)`` with ``scale = amax(|row|) / 448``, and reads
+    multiply by the scale (docs/ops.md, "Read copy").
     """
     _checks.check_mamba2_step(
-        x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, read_checkpoint
-    )
+        x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, read_checkpoint,
+        read_scale,
+    )  # fmt: skip
     return reference.mamba2_step(
         x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus,
-        read_checkpoint,
+        read_checkpoint, read_scale,
     )  # fmt: skip
 
 
 @mamba2_step.register_fake
 def _(
     x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus,
-    read_checkpoint,
+    read_checkpoint, read_scale,
 ):  # fmt: skip
     return x.new_empty(x.shape)
 
@@ -164,8 +171,8 @@ def check_conventional(x, dt, A, B, C, D, dt_bias, z, state, rows) -> None:
         raise ValueError(f"replayssm.mamba2_conventional_step: argument 'B' groups ({groups}) must divide heads ({heads})")
 
 
-def _check_step(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus, read_checkpoint):  # fmt: skip
-    _checks.check_mamba2_step(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, read_checkpoint)  # fmt: skip
+def _check_step(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus, read_checkpoint, read_scale):  # fmt: skip
+    _checks.check_mamba2_step(x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, read_checkpoint, read_scale)  # fmt: skip
 
 
 def _step_kernel():

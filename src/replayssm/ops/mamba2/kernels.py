@@ -54,6 +54,7 @@ from ..triton_helpers import (
     next_pow2,
     overlap_launches,
     pdl_launch_options,
+    quantize_rows_e4m3,
     sigmoid,
     softplus,
     suffix_sums,
@@ -102,7 +103,7 @@ def fold_ring_store(b_S, n, p_w, p_u, s_u_l, s_u_row, o_row, m_row, p_v, s_v_l, 
 @triton.jit
 def _mamba2_flush_kernel(
     p_x, p_dt, p_A, p_B, p_C, p_D, p_dt_bias, p_z, p_y,
-    p_ckpt, p_read, p_ring_x, p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows,
+    p_ckpt, p_read, p_read_scale, p_ring_x, p_ring_B, p_ring_dt, p_ring_ld, p_cursor, p_rows,
     s_x_b, s_x_h, s_x_p,
     s_dt_b, s_dt_h,
     s_B_b, s_B_g, s_B_n,
@@ -110,12 +111,13 @@ def _mamba2_flush_kernel(
     s_z_b, s_z_h, s_z_p,
     s_y_b, s_y_h, s_y_p,
     s_ck_s, s_ck_h, s_ck_p, s_ck_n,
+    s_rs_s, s_rs_h, s_rs_p,
     s_rx_s, s_rx_l, s_rx_h, s_rx_p,
     s_rB_s, s_rB_l, s_rB_g, s_rB_n,
     s_rdt_s, s_rdt_l, s_rdt_h,
     s_rld_s, s_rld_l, s_rld_h,
     P, N, L, heads_per_group,
-    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr,
+    T: tl.constexpr, USE_PDL: tl.constexpr, HAS_READ: tl.constexpr, HAS_READ_SCALE: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
@@ -131,7 +133,10 @@ def _mamba2_flush_kernel(
     launch waits before its append, the only thing it does that this one could see).
 
     ``HAS_READ``: the fold is also stored, rounded from fp32, into the read copy ``p_read`` (the
-    checkpoint's strides), and the T = 1 outputs read that rounded tile (SPEC §4).
+    checkpoint's strides), and the T = 1 outputs read that rounded tile (SPEC §4). ``HAS_READ_SCALE``
+    (an fp8 copy): each tile row is a whole state row, so its scale (``p_read_scale``, amax / 448) comes
+    from the fp32 fold in registers; the copy takes ``RNE(row / scale)`` and the T = 1 outputs apply the
+    scale once per row, after the product with C.
     """
     allow_next_launch(USE_PDL)
     i_s, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -181,6 +186,9 @@ def _mamba2_flush_kernel(
             b_S_read = b_S.to(p_ckpt.dtype.element_ty)
             tl.store(p_tile, b_S_read, mask=m_tile)
             if HAS_READ:
+                if HAS_READ_SCALE:
+                    b_S, b_row_scale = quantize_rows_e4m3(b_S)  # b_S: the values, exact in e4m3
+                    tl.store(p_read_scale + slot * s_rs_s + i_h64 * s_rs_h + o_p * s_rs_p, b_row_scale, mask=m_p)
                 b_S_read = b_S.to(p_read.dtype.element_ty)
                 tl.store(
                     p_read + slot * s_ck_s + i_h64 * s_ck_h + o_p[:, None].to(tl.int64) * s_ck_p + o_n[None, :] * s_ck_n,
@@ -188,7 +196,10 @@ def _mamba2_flush_kernel(
                 )  # fmt: skip
             if T == 1:
                 b_x = tl.load(p_x + i_b64 * s_x_b + i_h64 * s_x_h + o_p * s_x_p, mask=m_p, other=0.0).to(tl.float32)
-                b_y = b_decay * tl.sum(b_S_read.to(tl.float32) * b_C[None, :], axis=1) + b_wx * b_x
+                b_SC = tl.sum(b_S_read.to(tl.float32) * b_C[None, :], axis=1)
+                if HAS_READ_SCALE:
+                    b_SC = b_SC * b_row_scale
+                b_y = b_decay * b_SC + b_wx * b_x
                 if HAS_Z:
                     b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
                     b_y = b_y * b_z * sigmoid(b_z)
@@ -342,18 +353,19 @@ def _token_block_chunk(p_rows_ck, p_C_row, s_ck_n, s_C_t, s_C_n, o_t, m_t, m_p, 
 
 @triton.jit
 def _mamba2_main_kernel(
-    p_x, p_C, p_z, p_y, p_ckpt, p_ring_x, p_cursor, p_pending, p_rows, p_w, p_pos, p_fold_w, p_fold_B,
+    p_x, p_C, p_z, p_y, p_ckpt, p_read_scale, p_ring_x, p_cursor, p_pending, p_rows, p_w, p_pos, p_fold_w, p_fold_B,
     s_x_b, s_x_t, s_x_h, s_x_p,
     s_C_b, s_C_t, s_C_g, s_C_n,
     s_z_b, s_z_t, s_z_h, s_z_p,
     s_y_b, s_y_t, s_y_h, s_y_p,
     s_ck_s, s_ck_h, s_ck_p, s_ck_n,
+    s_rs_s, s_rs_h, s_rs_p,
     s_rx_s, s_rx_l, s_rx_h, s_rx_p,
     s_w_b, s_w_h, s_w_t,
     s_fw_b, s_fw_h,
     s_fB_b, s_fB_g, s_fB_l,
     P, N, L, heads_per_group,
-    T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr, FOLD_IN_MAIN: tl.constexpr,
+    T: tl.constexpr, COMMIT: tl.constexpr, HAS_Z: tl.constexpr, FOLD_IN_MAIN: tl.constexpr, HAS_READ_SCALE: tl.constexpr,
     TOKEN_BLOCK: tl.constexpr, N_CHUNK: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     NUM_TILES: tl.constexpr, SPLIT: tl.constexpr,
@@ -381,6 +393,9 @@ def _mamba2_main_kernel(
       (``LaunchConfig.num_stages - 1``, 1 to 4; the launch itself runs on one stage): without that,
       each chunk's loads waited for the previous chunk's layout conversion, one DRAM round trip per
       chunk.
+
+    ``HAS_READ_SCALE``: ``p_ckpt`` is an fp8 read copy whose rows carry a scale (``p_read_scale``); each
+    tile row's products with C are summed from the stored values, then multiplied by the row's scale.
 
     ``USE_PDL`` (launched with ``launch_pdl``): this launch may start while launch 2 (and launch 1
     before it) still run; its programs wait for launch 2 before reading anything but their row's slot.
@@ -425,6 +440,8 @@ def _mamba2_main_kernel(
         o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
         m_p = o_p < P
         m_out = tl.where(live, m_p, False)  # (m_p & live: a bool scalar in a mask trips the interpreter)
+        if HAS_READ_SCALE:
+            b_row_scale = tl.load(p_read_scale + slot * s_rs_s + i_h64 * s_rs_h + o_p * s_rs_p, mask=m_out, other=0.0)
         p_rows_ck = p_ck_head + o_p.to(tl.int64) * s_ck_p
         p_tile = p_rows_ck[:, None] + o_n[None, :] * s_ck_n
         if not TOKEN_BLOCK:  # (the token block reads the tile by N chunks)
@@ -440,7 +457,10 @@ def _mamba2_main_kernel(
         ).to(tl.float32)
         if T == 1:
             b_x_raw = tl.load(p_x_row + o_p * s_x_p, mask=m_p, other=0.0)
-            b_y = b_decay * tl.sum(b_S * b_C[None, :], axis=1) + tl.sum(b_w[:, None] * b_rx, axis=0) + b_wx * b_x_raw.to(tl.float32)
+            b_SC = tl.sum(b_S * b_C[None, :], axis=1)
+            if HAS_READ_SCALE:
+                b_SC = b_SC * b_row_scale
+            b_y = b_decay * b_SC + tl.sum(b_w[:, None] * b_rx, axis=0) + b_wx * b_x_raw.to(tl.float32)
             if HAS_Z:
                 b_z = tl.load(p_z + i_b64 * s_z_b + i_h64 * s_z_h + o_p * s_z_p, mask=m_out, other=0.0).to(tl.float32)
                 b_y = b_y * b_z * sigmoid(b_z)
@@ -484,7 +504,10 @@ def _mamba2_main_kernel(
                     else:
                         b_S_d, b_C_d = b_S_n, b_C_n
                 b_SC += b_S_k.to(tl.float32) * b_C_k.to(tl.float32)[:, None, :]
-            b_Y = b_decay_t[:, None] * tl.sum(b_SC, axis=2)
+            b_Y = tl.sum(b_SC, axis=2)
+            if HAS_READ_SCALE:
+                b_Y = b_Y * b_row_scale[None, :]
+            b_Y = b_decay_t[:, None] * b_Y
             b_Y += tl.sum(b_w_ring[:, :, None] * b_rx[None, :, :], axis=1)
             b_Y += tl.sum(b_w_new[:, :, None] * b_xn.to(tl.float32)[None, :, :], axis=1)
             if HAS_Z:
@@ -500,7 +523,10 @@ def _mamba2_main_kernel(
                 b_C_t = tl.load(p_C_row + t * s_C_t + o_n * s_C_n, mask=m_n, other=0.0).to(tl.float32)
                 b_w_t = tl.load(p_w_t + o_l, mask=m_ring, other=0.0)
                 b_wn_t = tl.load(p_w_t + (L + 1) + o_t, mask=o_t <= t, other=0.0)
-                b_y = tl.load(p_w_t + L) * tl.sum(b_S * b_C_t[None, :], axis=1)
+                b_SC_t = tl.sum(b_S * b_C_t[None, :], axis=1)
+                if HAS_READ_SCALE:
+                    b_SC_t = b_SC_t * b_row_scale
+                b_y = tl.load(p_w_t + L) * b_SC_t
                 b_y += tl.sum(b_w_t[:, None] * b_rx, axis=0) + tl.sum(b_wn_t[:, None] * b_xn_f, axis=0)
                 if HAS_Z:
                     b_z = tl.load(p_z + i_b64 * s_z_b + t * s_z_t + i_h64 * s_z_h + o_p * s_z_p, mask=m_p, other=0.0).to(tl.float32)
@@ -544,7 +570,7 @@ def mamba2_step_out(
     checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending,
     rows, commit: bool, dt_softplus: bool, y: Tensor, config: LaunchConfig | None = None,
     flush_config: LaunchConfig | None = None, fold_in_main: bool | None = None, weights_config: LaunchConfig | None = None,
-    overlap: bool | None = None, read_checkpoint: Tensor | None = None,
+    overlap: bool | None = None, read_checkpoint: Tensor | None = None, read_scale: Tensor | None = None,
 ) -> None:  # fmt: skip
     """The replay step writing its outputs into ``y``; see ``replayssm.ops.mamba2_step``.
 
@@ -557,6 +583,7 @@ def mamba2_step_out(
     with programmatic dependent launch where the GPU has it (``triton_helpers.overlap_launches``).
     ``read_checkpoint`` (SPEC §4): the main launch reads it instead of the checkpoint; the flush launch
     writes both (so a step with a read copy always runs the flush launch: ``fold_in_main`` is off).
+    ``read_scale``: an fp8 copy's scale per state row; the flush launch writes it, the main launch reads it.
     """
     batch, num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[2], B.shape[3]
@@ -570,6 +597,11 @@ def mamba2_step_out(
         fold_in_main = read_checkpoint is None and launch.fold_in_main(head_dim, state_size, num_tokens)
     if fold_in_main and read_checkpoint is not None:
         raise ValueError("mamba2_step_out: fold_in_main does not write a read copy; pass fold_in_main=False with read_checkpoint")
+    if read_scale is not None and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (8, 9):
+        # Triton has no fp8 e4m3 (float8e4nv) before sm_89.
+        raise ValueError(
+            f"mamba2_step_out: an fp8 read copy needs a GPU of compute capability 8.9 or newer, got {torch.cuda.get_device_capability(x.device)}"
+        )
     if fold_in_main and num_tokens > 1:
         # (Verification's token-block forms once folded each N chunk as they loaded it: 45% slower than the
         # flush launch; docs/kernels.md, "Forms tried and lost".)
@@ -588,6 +620,7 @@ def mamba2_step_out(
         **dict(zip(("s_rdt_s", "s_rdt_l", "s_rdt_h"), ring_dt.stride())),
         **dict(zip(("s_rld_s", "s_rld_l", "s_rld_h"), ring_logdecay.stride())),
     )  # fmt: skip
+    read_scale_strides = dict(zip(("s_rs_s", "s_rs_h", "s_rs_p"), strides_or_zeros(read_scale, 3)))
     flags = dict(HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus)
     fcfg = flush_config or launch.flush_config(head_dim, state_size)
     # Every launch's configuration is checked before the first launch: a bad form must not leave a half-done step.
@@ -606,7 +639,7 @@ def mamba2_step_out(
         if not fold_in_main:
             _mamba2_flush_kernel[(split, heads, batch)](
                 p_x=x1, p_dt=dt1, p_A=A, p_B=B1, p_C=C1, p_D=D, p_dt_bias=dt_bias, p_z=z1, p_y=y1,
-                p_ckpt=checkpoint, p_read=read_checkpoint, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt,
+                p_ckpt=checkpoint, p_read=read_checkpoint, p_read_scale=read_scale, p_ring_x=ring_x, p_ring_B=ring_B, p_ring_dt=ring_dt,
                 p_ring_ld=ring_logdecay, p_cursor=cursor, p_rows=rows,
                 s_x_b=x1.stride(0), s_x_h=x1.stride(1), s_x_p=x1.stride(2),
                 s_dt_b=dt1.stride(0), s_dt_h=dt1.stride(1),
@@ -615,10 +648,11 @@ def mamba2_step_out(
                 **dict(zip(("s_z_b", "s_z_h", "s_z_p"), strides_or_zeros(z1, 3))),
                 s_y_b=y1.stride(0), s_y_h=y1.stride(1), s_y_p=y1.stride(2),
                 **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
+                **read_scale_strides,
                 **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
                 **ring_strides,
                 P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group, T=num_tokens, USE_PDL=use_pdl,
-                HAS_READ=read_checkpoint is not None, HAS_Z=z is not None, **flags,
+                HAS_READ=read_checkpoint is not None, HAS_READ_SCALE=read_scale is not None, HAS_Z=z is not None, **flags,
                 BLOCK_P=fcfg.block, BLOCK_N=block_n, BLOCK_L=block_l, NUM_TILES=num_tiles, SPLIT=split,
                 num_warps=fcfg.num_warps, num_stages=fcfg.num_stages,
             )  # fmt: skip
@@ -639,18 +673,20 @@ def mamba2_step_out(
         num_tiles, split = tiles_of(head_dim, config)
         _mamba2_main_kernel[(split, heads, batch)](
             # The checkpoint this launch reads: the read copy where there is one (same strides).
-            p_x=x, p_C=C, p_z=z, p_y=y, p_ckpt=checkpoint if read_checkpoint is None else read_checkpoint, p_ring_x=ring_x,
+            p_x=x, p_C=C, p_z=z, p_y=y, p_ckpt=checkpoint if read_checkpoint is None else read_checkpoint, p_read_scale=read_scale,
+            p_ring_x=ring_x,
             p_cursor=cursor, p_pending=pending, p_rows=rows, p_w=weights, p_pos=pos, p_fold_w=fold_w, p_fold_B=fold_B,
             **dict(zip(("s_x_b", "s_x_t", "s_x_h", "s_x_p"), x.stride())),
             **dict(zip(("s_C_b", "s_C_t", "s_C_g", "s_C_n"), C.stride())),
             **dict(zip(("s_z_b", "s_z_t", "s_z_h", "s_z_p"), strides_or_zeros(z, 4))),
             **dict(zip(("s_y_b", "s_y_t", "s_y_h", "s_y_p"), y.stride())),
             **dict(zip(("s_ck_s", "s_ck_h", "s_ck_p", "s_ck_n"), checkpoint.stride())),
+            **read_scale_strides,
             **dict(zip(("s_rx_s", "s_rx_l", "s_rx_h", "s_rx_p"), ring_x.stride())),
             **dict(zip(("s_w_b", "s_w_h", "s_w_t"), weights.stride()[:3])),
             **fold_strides,
             P=head_dim, N=state_size, L=window, heads_per_group=heads_per_group,
-            T=num_tokens, COMMIT=commit, HAS_Z=z is not None, FOLD_IN_MAIN=fold_in_main,
+            T=num_tokens, COMMIT=commit, HAS_Z=z is not None, FOLD_IN_MAIN=fold_in_main, HAS_READ_SCALE=read_scale is not None,
             **main_form, USE_PDL=use_pdl,
             BLOCK_P=config.block, BLOCK_N=block_n, BLOCK_L=block_l, BLOCK_T=block_t, NUM_TILES=num_tiles, SPLIT=split,
             num_warps=config.num_warps, num_stages=1 if main_form["PREFETCH"] else config.num_stages, **later,
@@ -660,10 +696,10 @@ def mamba2_step_out(
 def mamba2_step(
     x, dt, A, B, C, D, dt_bias, z,
     checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending,
-    rows, commit: bool, dt_softplus: bool, read_checkpoint: Tensor | None = None,
+    rows, commit: bool, dt_softplus: bool, read_checkpoint: Tensor | None = None, read_scale: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """The launcher of ``replayssm.ops.mamba2_step`` (fp32 / fp16 / bf16)."""
     args = (x, dt, A, B, C, D, dt_bias, z, checkpoint, ring_x, ring_B, ring_dt, ring_logdecay, cursor, pending, rows, commit, dt_softplus)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, as the fake kernel says (x may be strided)
-    mamba2_step_out(*args, y=y, read_checkpoint=read_checkpoint)
+    mamba2_step_out(*args, y=y, read_checkpoint=read_checkpoint, read_scale=read_scale)
     return y

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..replay_math import append_entries, causal_sum, compute_dtype, fold_weights, live_entries, ring_valid, segment_sums, store_fold
+from ..replay_math import (
+    append_entries, causal_sum, compute_dtype, fold_weights, live_entries, read_copy, ring_valid, segment_sums, store_fold,
+)  # fmt: skip
 
 
 def _mamba2_dt(dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool, dtype: torch.dtype) -> Tensor:
@@ -48,6 +50,7 @@ def mamba2_step(
     commit: bool,
     dt_softplus: bool,
     read_checkpoint: Tensor | None = None,
+    read_scale: Tensor | None = None,
 ) -> Tensor:
     """Reference replay step for Mamba-2; see ``replayssm.ops.mamba2_step``."""
     batch, num_tokens, heads, head_dim = x.shape
@@ -67,10 +70,10 @@ def mamba2_step(
     flush = c + num_tokens > window
     if bool(flush.any()):
         folded = _mamba2_fold(state, ring_x_r, ring_B_r, ring_dt_r, ring_ld_r, ring_valid(c, window))
-        state = store_fold(folded, flush, rows, checkpoint, read_checkpoint, state)
+        state = store_fold(folded, flush, rows, checkpoint, read_checkpoint, state, read_scale)
         c = torch.where(flush, torch.zeros_like(c), c)
     elif read_checkpoint is not None:
-        state = read_checkpoint[rows].to(cd)
+        state = read_copy(read_checkpoint, read_scale, rows, cd)
 
     # 2. outputs: the sequence is the committed ring entries followed by the T new tokens.
     #    Dead ring entries (past the cursor) are selected out, so their garbage never reaches the sums.
