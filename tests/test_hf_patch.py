@@ -134,6 +134,15 @@ def test_wrong_config_is_refused_and_nothing_patched():
     assert _patch_attributes(model) == []
 
 
+def test_fp8_read_copy_is_refused_for_gdn_models_at_patch():
+    """fp8 read copies are Mamba-2-only: a model with GDN mixers is refused by patch() itself, unpatched."""
+    model = testing.tiny_model("qwen3_5")
+    with pytest.raises(ValueError, match=r"read_dtype.*Mamba-2-only.*nothing was patched"):
+        replayssm.patch(model, replayssm.ReplayConfig(read_dtype=torch.float8_e4m3fn))
+    assert _patch_attributes(model) == []
+    assert not is_patched(model)
+
+
 def test_meta_device_model_is_refused():
     from transformers import AutoModelForCausalLM
 
