@@ -188,17 +188,32 @@ def _slice(stream, rng: random.Random, count: int) -> list[int]:
     return _filler(stream, start, count)
 
 
-def _assemble(items: list[tuple[float, int, list[int]]], haystack: list[int]) -> list[int]:
-    """Insert ``items`` (fraction of the haystack, order, tokens) into ``haystack`` in place order."""
+def _assemble(items: list[tuple[float, int, list[int], list[bool]]], haystack: list[int]) -> tuple[list[int], list[bool]]:
+    """Insert ``items`` (fraction of the haystack, order, tokens, answer flags) into ``haystack`` in place
+    order; returns the tokens and their answer flags (the haystack's are False)."""
     out: list[int] = []
+    flags: list[bool] = []
     cursor = 0
-    for where, _, tokens in sorted(items, key=lambda item: (item[0], item[1])):
+    for where, _, tokens, answers in sorted(items, key=lambda item: (item[0], item[1])):
         cut = min(len(haystack), max(cursor, round(where * len(haystack))))
         out.extend(haystack[cursor:cut])
+        flags.extend([False] * (cut - cursor))
         out.extend(tokens)
+        flags.extend(answers)
         cursor = cut
     out.extend(haystack[cursor:])
-    return out
+    flags.extend([False] * (len(haystack) - cursor))
+    return out, flags
+
+
+def _line(tokens: list[int]) -> tuple[list[int], list[bool]]:
+    """A line no token of which is an answer."""
+    return tokens, [False] * len(tokens)
+
+
+def _asked(ask: list[int], answer_tokens: list[int], tail: list[int]) -> tuple[list[int], list[bool]]:
+    """A query line: ``ask``, then its answer (flagged), then ``tail``."""
+    return ask + answer_tokens + tail, [False] * len(ask) + [True] * len(answer_tokens) + [False] * len(tail)
 
 
 # --------------------------------------------------------------------------
@@ -255,7 +270,7 @@ def probe(vocab: TaskVocab, filler, task: str, context: int, rng: random.Random)
         raise ValueError(f"context {context} is too short for {task}")
     depths = sorted(rng.random() for _ in lines)
     haystack = _slice(filler, rng, room)
-    prompt = _assemble([(d, i, line) for i, (d, line) in enumerate(zip(depths, lines))], haystack) + ask
+    prompt = _assemble([(d, i, *_line(line)) for i, (d, line) in enumerate(zip(depths, lines))], haystack)[0] + ask
     assert len(prompt) == context
     if task == "multivalue":  # one key, so one depth per value
         keys = keys * len(values)
@@ -273,8 +288,17 @@ def probe_set(vocab: TaskVocab, filler, task: str, context: int, count: int, see
 
 def training_document(vocab: TaskVocab, filler, length: int, rng: random.Random, kind: str | None = None) -> list[int]:
     """A synthetic document of exactly ``length`` tokens (kind drawn from :data:`TRAINING_KINDS` if not given)."""
+    return training_document_and_answers(vocab, filler, length, rng, kind)[0]
+
+
+def training_document_and_answers(
+    vocab: TaskVocab, filler, length: int, rng: random.Random, kind: str | None = None
+) -> tuple[list[int], list[bool]]:
+    """:func:`training_document` and, per token, whether it is an answer: a value after a query (and the
+    list's separators), or a repeated span's token after its ``# again`` line. The same ``rng`` gives the
+    same document either way."""
     kind = kind or rng.choice(TRAINING_KINDS)
-    items: list[tuple[float, int, list[int]]] = []
+    items: list[tuple[float, int, list[int], list[bool]]] = []
     if kind == "kv":
         count = rng.randint(2, 8)
         keys = _keys(vocab, rng, count)
@@ -284,25 +308,25 @@ def training_document(vocab: TaskVocab, filler, length: int, rng: random.Random,
                 values = _values(rng, rng.randint(2, 4))
                 places = sorted(rng.random() * 0.9 for _ in values)
                 for place, value in zip(places, values):
-                    items.append((place, order, append_fact(vocab, key, value)))
+                    items.append((place, order, *_line(append_fact(vocab, key, value))))
                     order += 1
-                tokens = list_query(vocab, key) + list_answer(vocab, values) + vocab.encode("\n")
+                line = _asked(list_query(vocab, key), list_answer(vocab, values), vocab.encode("\n"))
             else:
                 values = _values(rng, 1)
                 places = [rng.random() * 0.9]
-                items.append((places[0], order, fact(vocab, key, values[0])))
+                items.append((places[0], order, *_line(fact(vocab, key, values[0]))))
                 order += 1
-                tokens = query(vocab, key) + answer(vocab, values[0]) + vocab.encode("\n")
-            items.append((rng.uniform(places[-1], 1.0), order, tokens))
+                line = _asked(query(vocab, key), answer(vocab, values[0]), vocab.encode("\n"))
+            items.append((rng.uniform(places[-1], 1.0), order, *line))
             order += 1
     elif kind == "copy":
         for i, key in enumerate(_keys(vocab, rng, rng.randint(1, 3))):
             span = _slice(filler, rng, rng.randint(16, 64))
             first = vocab.pieces("\n# span memo.", key, ":\n") + span + vocab.encode("\n# end span\n")
-            again = vocab.pieces("\n# again memo.", key, ":\n") + span + vocab.encode("\n# end span\n")
+            again = _asked(vocab.pieces("\n# again memo.", key, ":\n"), span, vocab.encode("\n# end span\n"))
             place = rng.random() * 0.7
-            items.append((place, 2 * i, first))
-            items.append((rng.uniform(place, 1.0), 2 * i + 1, again))
+            items.append((place, 2 * i, *_line(first)))
+            items.append((rng.uniform(place, 1.0), 2 * i + 1, *again))
     elif kind == "mqar":
         # Each pair costs about 20 tokens (its fact and its query): at most
         # 60% of the document, so that both blocks always fit.
@@ -311,38 +335,51 @@ def training_document(vocab: TaskVocab, filler, length: int, rng: random.Random,
         block = [t for k, v in zip(keys, values) for t in fact(vocab, k, v)]
         asked = list(range(count))
         rng.shuffle(asked)
-        queries = [t for i in asked for t in query(vocab, keys[i]) + answer(vocab, values[i])] + vocab.encode("\n")
+        queries: tuple[list[int], list[bool]] = ([], [])
+        for i in asked:
+            tokens, answers = _asked(query(vocab, keys[i]), answer(vocab, values[i]), [])
+            queries[0].extend(tokens)
+            queries[1].extend(answers)
+        queries[0].extend(vocab.encode("\n"))
+        queries[1].extend([False] * len(vocab.encode("\n")))
         start = rng.random() * 0.4
-        items.append((start, 0, block))
-        items.append((rng.uniform(start, 1.0), 1, queries))
+        items.append((start, 0, *_line(block)))
+        items.append((rng.uniform(start, 1.0), 1, *queries))
     else:
         raise ValueError(f"unknown training document kind {kind!r}; known: {', '.join(TRAINING_KINDS)}")
-    room = length - sum(len(tokens) for _, _, tokens in items)
+    room = length - sum(len(item[2]) for item in items)
     # Too many lines for this length: drop the last-placed ones. A query is
     # placed after its facts and a repeat after its span, so none is left
     # without what it refers to.
     while room < 0:
         items.sort(key=lambda item: (item[0], item[1]))
         room += len(items.pop()[2])
-    doc = _assemble(items, _slice(filler, rng, room))
-    assert len(doc) == length
-    return doc
+    doc, answers = _assemble(items, _slice(filler, rng, room))
+    assert len(doc) == len(answers) == length
+    return doc, answers
 
 
-def mix_batch(vocab: TaskVocab, filler, rows, fraction: float, seed: int, step: int):
+def mix_batch(vocab: TaskVocab, filler, rows, fraction: float, seed: int, step: int, answers=None):
     """Replace a seeded ``fraction`` of the rows of ``rows`` (a (B, L) int tensor) by training documents, in place.
 
     Row ``r`` of step ``step`` is replaced when ``random.Random(f"{seed}:mix:{step}:{r}")``
     draws below ``fraction``; the document comes from the same generator.
+    ``answers`` (a (B, L) bool tensor, optional) gets each row's answer flags
+    (:func:`training_document_and_answers`; False in rows left as text).
     Returns the indices of the rows replaced.
     """
     import torch
 
     replaced = []
+    if answers is not None:
+        answers.zero_()
     for r in range(rows.shape[0]):
         rng = random.Random(f"{seed}:mix:{step}:{r}")
         if rng.random() < fraction:
-            rows[r] = torch.tensor(training_document(vocab, filler, rows.shape[1], rng), dtype=rows.dtype)
+            doc, flags = training_document_and_answers(vocab, filler, rows.shape[1], rng)
+            rows[r] = torch.tensor(doc, dtype=rows.dtype)
+            if answers is not None:
+                answers[r] = torch.tensor(flags)
             replaced.append(r)
     return replaced
 

@@ -820,6 +820,8 @@ def train(args: argparse.Namespace) -> None:
     import transformers
 
     rt = _recall_tasks()
+    if args.answer_weight <= 0 or (args.answer_weight != 1.0 and not args.task_mix):
+        raise SystemExit(f"--answer-weight must be positive and needs --task-mix; got {args.answer_weight:g}")
     t_wall = time.time()
     data_dir = Path(args.data)
     manifest, data = load_data(data_dir)
@@ -875,12 +877,13 @@ def train(args: argparse.Namespace) -> None:
     t_measure = None
     step = 0
     synthetic_rows = 0
+    answers = torch.zeros(args.batch, args.seq_len + 1, dtype=torch.bool) if args.answer_weight != 1.0 else None
     while step < planned:
         starts = torch.randint(0, max_start, (args.batch,), generator=gen)
         chunk = train_ids[starts[:, None] + offsets]
         if args.task_mix:
             # Seeded per (step, row): a run with the same seed sees the same documents.
-            synthetic_rows += len(rt.mix_batch(task_vocab, train_np, chunk, args.task_mix, args.seed, step))
+            synthetic_rows += len(rt.mix_batch(task_vocab, train_np, chunk, args.task_mix, args.seed, step, answers))
         chunk = chunk.to(device, non_blocking=True)
         x, y = chunk[:, :-1], chunk[:, 1:]
         lr = lr_at(step, planned if total is not None else max(planned, args.warmup), args.lr, args.warmup)
@@ -888,9 +891,16 @@ def train(args: argparse.Namespace) -> None:
             g["lr"] = lr
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(input_ids=x, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        token_loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+        loss = token_loss.mean()  # what the log shows, whatever the weights
+        if answers is not None:
+            # Answer tokens weigh answer_weight, every other token 1, over the same count of tokens.
+            weights = 1.0 + (args.answer_weight - 1.0) * answers[:, 1:].flatten().to(device, torch.float32)
+            objective = (token_loss * weights).mean()
+        else:
+            objective = loss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         step += 1
@@ -969,6 +979,8 @@ def train(args: argparse.Namespace) -> None:
                  f" --size {args.size} --attention {args.attention}")
     if args.task_mix:
         reproduce += f" --task-mix {args.task_mix}"
+    if args.answer_weight != 1.0:
+        reproduce += f" --answer-weight {args.answer_weight:g}"
     if args.decay_init != "stock":
         reproduce += (f" --decay-init {args.decay_init} --slow-fraction {args.slow_fraction}"
                       f" --slow-memory {args.slow_memory[0]:g} {args.slow_memory[1]:g}")
@@ -1014,6 +1026,7 @@ def train(args: argparse.Namespace) -> None:
             "synthetic_kinds": list(rt.TRAINING_KINDS) if args.task_mix else [],
             "synthetic_formats": f"benchmarks/recall_tasks.py, format version {rt.FORMAT_VERSION}",
             "synthetic_filler": "train split",
+            "answer_weight": args.answer_weight,
         },
         "heldout": {
             "tokens_scored": held_tokens,
@@ -1128,6 +1141,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--task-mix", type=float, default=0.0,
                    help="fraction of training sequences replaced by synthetic recall documents (recall_tasks.py)")
+    t.add_argument("--answer-weight", type=float, default=1.0,
+                   help="with --task-mix: loss weight of the synthetic documents' answer tokens (others: 1)")
     t.add_argument("--decay-init", choices=("stock", "long"), default="stock",
                    help="long: part of the SSM heads start with long memory (see init_decays)")
     t.add_argument("--slow-fraction", type=float, default=0.5, help="with --decay-init long: share of slow heads")

@@ -138,6 +138,41 @@ def test_training_documents_answer_what_they_stated(vocab, filler):
         assert queries >= 1, text[:300]
 
 
+def test_answer_flags_mark_the_answers(vocab, filler):
+    """training_document_and_answers: the same document as training_document, and its flagged tokens are
+    exactly the answers (values after queries, a repeated span after its line); mix_batch hands them on."""
+    for kind in rt.TRAINING_KINDS:
+        for i in range(4):
+            doc = rt.training_document(vocab, filler, 1024, random.Random(f"flags:{kind}:{i}"), kind)
+            same, flags = rt.training_document_and_answers(vocab, filler, 1024, random.Random(f"flags:{kind}:{i}"), kind)
+            assert same == doc and len(flags) == 1024 and any(flags)
+            text = vocab.decode(doc)
+            flagged = [vocab.decode([t for t, f in zip(doc, flags) if f])]
+            if kind == "copy":
+                # every flagged run is a repeat: it follows an "# again" line and equals the first span
+                assert text.count("# again memo.") == sum(1 for a, b in zip([False] + flags, flags) if b and not a)
+            else:
+                # every value the queries ask for, and nothing else, is flagged
+                asked = re.findall(r"assert memo\.\w+ ==(?: \[)?((?: \d{4}[,\]]?)+)", text)
+                assert asked and "".join(asked) == flagged[0]
+    rows = torch.zeros(6, 513, dtype=torch.long)
+    answers = torch.ones(6, 513, dtype=torch.bool)
+    replaced = rt.mix_batch(vocab, filler, rows, 0.5, 3, 7, answers)
+    assert 0 < len(replaced) < 6
+    for r in range(6):
+        if r in replaced:
+            doc, flags = rt.training_document_and_answers(vocab, filler, 513, _mix_rng(3, 7, r))
+            assert rows[r].tolist() == doc and answers[r].tolist() == flags
+        else:
+            assert not answers[r].any() and not rows[r].any()
+
+
+def _mix_rng(seed, step, row):
+    rng = random.Random(f"{seed}:mix:{step}:{row}")
+    rng.random()  # the draw that picked the row
+    return rng
+
+
 def test_hf_tokenizer_gives_the_same_tasks(vocab, filler):
     from transformers import AutoTokenizer
 
