@@ -8,7 +8,7 @@ git-ignored ``.anchors`` and carry it to the GPU machine; then, from the reposit
 
 (every option is the harness's: ``--help``). The harness calls replayssm as of commit 6c58a51. This script runs
 it unchanged except for those calls, pointed at the current API: ``load(state, rows)``, the conventional kernels'
-modules, and GDN's replay step through the fused gates (raw a and b with ``A_log`` and ``dt_bias``, as the
+modules, Mamba-2's replay step (its ``read_scale`` argument), and GDN's replay step through the fused gates (raw a and b with ``A_log`` and ``dt_bias``, as the
 integrations call it; beta is rounded to b's dtype, so b is passed in bf16 for decoding and in fp32 for
 verification, matching the harness's float64 references).
 """
@@ -43,6 +43,13 @@ def _adapt(sbs) -> None:
             case.rows, commit, True, None, st.read_checkpoint, st.ring_beta, case.A_log, case.dt_bias,
         )  # fmt: skip
 
+    def mamba2_proj_step(case, st, inp, commit=True):
+        return ops.mamba2_step(
+            inp["x4"], inp["dt3"], case.A_h, inp["B4"], inp["C4"], case.D_h, case.dt_bias_h, None,
+            st.checkpoint, st.ring_x, st.ring_B, st.ring_dt, st.ring_logdecay, st.cursor, st.pending,
+            case.rows, commit, True, st.read_checkpoint, st.read_scale,
+        )  # fmt: skip
+
     def mamba2_snap_step(case, m, inp):
         from replayssm.ops.mamba2.conventional import mamba2_conventional_step_out
 
@@ -62,6 +69,7 @@ def _adapt(sbs) -> None:
 
     sbs.M2.proj_new = sbs.GDN.proj_new = proj_new
     sbs.GDN.proj_step = gdn_proj_step
+    sbs.M2.proj_step = mamba2_proj_step
     sbs.M2.snap_step = mamba2_snap_step
     sbs.GDN.snap_step = gdn_snap_step
 
