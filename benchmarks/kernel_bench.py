@@ -66,7 +66,7 @@ DRY_GEOMETRIES = {
 DRY_MIRRORS = {(16, 16): [(80, 128), (128, 128)]}
 HEADLINE_BATCH, HEADLINE_WINDOW, HEADLINE_T = 256, 16, 4
 ACT = torch.bfloat16
-READ_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+READ_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}  # fp8: Mamba-2 only
 
 
 def _require(errors: dict, what: str) -> dict:
@@ -958,6 +958,10 @@ def main(argv=None) -> None:
     if bad := [b for b in [*(args.batches or ()), *(args.windows or ())] if b < 1]:
         ap.error(f"--batches / --windows: must be >= 1, got {bad}")
     geometries = DRY_GEOMETRIES if args.dry_run else {n: GEOMETRIES[n] for n in args.geometries}
+    if args.read_dtype == "fp8":  # GDN refuses an fp8 read copy (docs/ops.md)
+        geometries = {n: g for n, g in geometries.items() if isinstance(g, Mamba2Geometry)}
+        if not geometries:
+            ap.error("--read-dtype fp8: the fp8 read copy is Mamba-2-only; name a Mamba-2 geometry")
     if args.dry_run:
         mirror_tables()
     gpu = any(CASES[c].gpu for c in args.cases) and not args.dry_run

@@ -48,6 +48,22 @@ def test_every_case_dry_run():
                 assert f"dry run {case}: ok" in out, out[-2000:]
 
 
+@pytest.mark.interpreter
+def test_fp8_read_copy_dry_run_takes_the_mamba2_geometries():
+    """``--read-dtype fp8``: the headline steps reading an fp8 copy run and check for Mamba-2; GDN, which
+    refuses an fp8 copy, is left out (and a GDN-only choice is an error naming the option)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, str(SCRIPT), "decode", "spec", "--dry-run", "--headline-only", "--read-dtype", "fp8"],
+                         env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "dry run decode: ok" in run.stdout and "dry run spec: ok" in run.stdout
+    assert "float8_e4m3fn" in run.stdout and "mamba2-tiny" in run.stdout and "gdn-tiny" not in run.stdout
+    kernels = _kernels_module()
+    with pytest.raises(SystemExit) as exit:
+        kernels.main(["decode", "--read-dtype", "fp8", "--geometries", "gdn-16x32x128x128"])
+    assert exit.value.code == 2
+
+
 def test_list_names_every_case(capsys):
     kernels = _kernels_module()
     kernels.main(["--list"])
