@@ -108,6 +108,15 @@ class ReplayState:
     #: Whether the family's steps take a read copy with a scale per row (``SCALED_READ_DTYPES``: fp8).
     _scaled_read_copy: bool = False
 
+    @classmethod
+    def check_config(cls, config: ReplayConfig) -> None:
+        """Raise ValueError if this family's states cannot take ``config`` (an fp8 read copy: Mamba-2 only)."""
+        if config.read_dtype in SCALED_READ_DTYPES and not cls._scaled_read_copy:
+            raise ValueError(
+                f"{cls.__name__}: ReplayConfig.read_dtype={config.read_dtype} is not supported here: "
+                "fp8 read copies are Mamba-2-only for now (use bfloat16 or float16)"
+            )
+
     def _setup(self, geometry, slots: int, config: ReplayConfig | None, device: torch.device | str | None) -> None:
         name = type(self).__name__
         if not isinstance(geometry, self._geometry_type):
@@ -117,11 +126,7 @@ class ReplayState:
         self.config = config if config is not None else ReplayConfig()
         if not isinstance(self.config, ReplayConfig):
             raise TypeError(f"{name}: config must be a ReplayConfig, got {type(config).__name__}")
-        if self.config.read_dtype in SCALED_READ_DTYPES and not self._scaled_read_copy:
-            raise ValueError(
-                f"{name}: ReplayConfig.read_dtype={self.config.read_dtype} is not supported here: "
-                "fp8 read copies are Mamba-2-only for now (use bfloat16 or float16)"
-            )
+        self.check_config(self.config)
         self.geometry = geometry
         self.slots = slots
         self.window = self.config.window

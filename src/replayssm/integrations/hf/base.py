@@ -70,6 +70,8 @@ class MixerAdapter:
     # -- layout -------------------------------------------------------------------------
 
     geometry: object
+    #: The ReplayState class the layer's states are (its ``check_config`` runs at patch time).
+    state_type: type[ReplayState]
 
     def new_state(self, slots: int, config: ReplayConfig, device: torch.device) -> ReplayState:
         raise NotImplementedError

@@ -71,6 +71,7 @@ OLMO_HYBRID = GDNVariant(
 
 class GDNAdapter(MixerAdapter):
     family = "gdn"
+    state_type = GDNReplayState
 
     def __init__(self, mixer: nn.Module, config: ReplayConfig, context, variant: GDNVariant):
         super().__init__(mixer, config, context)

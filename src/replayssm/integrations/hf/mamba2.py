@@ -44,6 +44,7 @@ FALCON_H1 = Mamba2Variant(project=_falcon_projection, gate_in_recurrence=lambda 
 
 class Mamba2Adapter(MixerAdapter):
     family = "mamba2"
+    state_type = Mamba2ReplayState
     mask_after_conv = True
 
     def __init__(self, mixer: nn.Module, config: ReplayConfig, context, variant: Mamba2Variant = PLAIN):

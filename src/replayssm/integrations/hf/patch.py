@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...config import SCALED_READ_DTYPES, ReplayConfig
+from ...config import ReplayConfig
 from . import attention, compiled
 from .registry import SUPPORTED_MODEL_TYPES, handler_for, mixer_like
 
@@ -163,11 +163,11 @@ def patch(model: nn.Module, config: ReplayConfig | None = None, *, step: str = "
         if context.num_layers is not None and layer_idx >= context.num_layers:
             raise ValueError(f"replayssm.patch: {name} has layer_idx {layer_idx}, beyond the {context.num_layers} cache layers")
         context.adapters[layer_idx] = handler.build(module, config, context)
-    if config.read_dtype in SCALED_READ_DTYPES and any(a.family != "mamba2" for a in context.adapters.values()):
-        raise ValueError(
-            f"replayssm.patch: ReplayConfig.read_dtype={config.read_dtype} is Mamba-2-only for now and "
-            f"{type(model).__name__} has Gated DeltaNet mixers; use bfloat16 or float16; nothing was patched"
-        )
+    for adapter in context.adapters.values():  # what the states, made at the first forward, would refuse
+        try:
+            adapter.state_type.check_config(config)
+        except ValueError as error:
+            raise ValueError(f"replayssm.patch: {error}; nothing was patched") from None
 
     # All checked and built: apply.
     context.attention_configs = attention.sdpa_configs(model)
